@@ -1,0 +1,134 @@
+"""Fault injection through `<state_dir>/faults.json`, read by the agent on every report."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from schemas.events.v1 import ActionName, Fault, GpuMetrics
+
+log = logging.getLogger("clusterwarden.agent.faults")
+
+FAULTS_FILE = "faults.json"
+MAX_XIDS = 64
+
+
+class FaultPlan(BaseModel):
+    """What the agent should pretend is broken; the default is a healthy node."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True, frozen=True)
+
+    xid: list[Annotated[int, Field(ge=0, le=65_535)]] = Field(
+        default_factory=list, max_length=MAX_XIDS
+    )
+    ecc_uncorrected: Annotated[int, Field(ge=0, le=2**53)] = 0
+    hung_job: bool = False
+    silent: bool = Field(default=False, description="Alive, but sends no reports.")
+    slow_s: Annotated[float, Field(ge=0.0, le=3_600.0)] = 0.0
+    fail_actions: list[ActionName] = Field(default_factory=list, max_length=16)
+    gpu_index: Annotated[int, Field(ge=0, le=63)] = Field(
+        default=0, description="The GPU the injected XIDs and ECC errors are on."
+    )
+
+    @property
+    def healthy(self) -> bool:
+        return self == FaultPlan()
+
+
+def faults_path(state_dir: Path) -> Path:
+    """The fault plan file of an agent."""
+    return state_dir / FAULTS_FILE
+
+
+def write_faults(state_dir: Path, plan: FaultPlan) -> Path:
+    """Write the plan atomically, so the agent never reads half a file."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = faults_path(state_dir)
+    tmp = path.with_name(f".{FAULTS_FILE}.{os.getpid()}.tmp")
+    tmp.write_text(plan.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def read_faults(state_dir: Path) -> FaultPlan:
+    """The current plan; a missing or unreadable file means no faults."""
+    path = faults_path(state_dir)
+    try:
+        return FaultPlan.model_validate_json(path.read_bytes())
+    except FileNotFoundError:
+        return FaultPlan()
+    except (OSError, ValidationError) as err:
+        log.warning("ignoring the fault plan %s: %s", path, err)
+        return FaultPlan()
+
+
+def clear_fault_file(state_dir: Path) -> None:
+    """Remove the plan: the node is healthy again."""
+    faults_path(state_dir).unlink(missing_ok=True)
+
+
+def faults_for_report(plan: FaultPlan) -> list[Fault]:
+    """The fault data an injected plan adds to a report."""
+    faults = [
+        Fault(kind="xid", code=xid, gpu_index=plan.gpu_index, detail="injected")
+        for xid in plan.xid
+    ]
+    if plan.ecc_uncorrected:
+        faults.append(
+            Fault(
+                kind="ecc",
+                gpu_index=plan.gpu_index,
+                detail=f"injected: {plan.ecc_uncorrected} uncorrected ECC errors",
+            )
+        )
+    if plan.hung_job:
+        faults.append(Fault(kind="hung_job", detail="injected: a job stopped making progress"))
+    return faults
+
+
+def gpu_faults(gpus: list[GpuMetrics]) -> list[Fault]:
+    """The fault data the GPUs themselves show: XID events and uncorrected ECC errors."""
+    faults: list[Fault] = []
+    for gpu in gpus:
+        faults.extend(
+            Fault(kind="xid", code=xid, gpu_index=gpu.index, detail="nvml event")
+            for xid in gpu.xid_events
+        )
+        if gpu.ecc_uncorrected_volatile:
+            faults.append(
+                Fault(
+                    kind="ecc",
+                    gpu_index=gpu.index,
+                    detail=f"{gpu.ecc_uncorrected_volatile} uncorrected ECC errors (volatile)",
+                )
+            )
+    return faults
+
+
+def inject_into_gpus(plan: FaultPlan, gpus: list[GpuMetrics]) -> list[GpuMetrics]:
+    """The GPUs as they would look with the plan's XIDs and ECC errors on `plan.gpu_index`."""
+    if not plan.xid and not plan.ecc_uncorrected:
+        return gpus
+    injected: list[GpuMetrics] = []
+    for gpu in gpus:
+        if gpu.index != plan.gpu_index:
+            injected.append(gpu)
+            continue
+        ecc = (gpu.ecc_uncorrected_volatile or 0) + plan.ecc_uncorrected
+        aggregate = (gpu.ecc_uncorrected_aggregate or 0) + plan.ecc_uncorrected
+        # Validated again rather than model_copy(update=...), so bounds still hold.
+        injected.append(
+            GpuMetrics.model_validate(
+                gpu.model_dump()
+                | {
+                    "xid_events": [*gpu.xid_events, *plan.xid][:MAX_XIDS],
+                    "ecc_uncorrected_volatile": min(ecc, 2**53),
+                    "ecc_uncorrected_aggregate": min(aggregate, 2**53),
+                }
+            )
+        )
+    return injected

@@ -1,0 +1,186 @@
+"""The agent's persistent command journal (SQLite): what it did, and what it will not redo.
+
+Replay protection only holds if it survives a restart: executed command ids with their
+results, the last accepted seq and the highest epoch are written with synchronous=FULL, in
+the same transaction as the node mode they change.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import cast
+from uuid import UUID
+
+from schemas.events.v1 import CommandResult, NodeMode
+
+JOURNAL_FILE = "journal.sqlite3"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS commands (
+    command_id  TEXT PRIMARY KEY,
+    seq         INTEGER,
+    epoch       INTEGER,
+    action      TEXT,
+    outcome     TEXT NOT NULL,
+    reason      TEXT NOT NULL,
+    result_json TEXT NOT NULL,
+    recorded_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS node (
+    id   INTEGER PRIMARY KEY CHECK (id = 1),
+    mode TEXT NOT NULL CHECK (mode IN ('active', 'draining', 'offline'))
+);
+"""
+
+_MODES: tuple[NodeMode, ...] = ("active", "draining", "offline")
+
+
+class Journal:
+    """One agent's journal; every write is one durable transaction."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT).
+        self._db = sqlite3.connect(path, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        # FULL: a commit is on disk before the result leaves, even if the machine dies.
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+
+    @classmethod
+    def open(cls, state_dir: Path) -> Journal:
+        """The journal in an agent's state directory."""
+        return cls(state_dir / JOURNAL_FILE)
+
+    def close(self) -> None:
+        self._db.close()
+
+    # ------------------------------------------------------------ reads
+
+    def _meta(self, key: str) -> int | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else int(row[0])
+
+    @property
+    def last_seq(self) -> int | None:
+        """The seq of the last command that passed the seq and epoch checks."""
+        return self._meta("last_seq")
+
+    @property
+    def max_epoch(self) -> int | None:
+        """The highest fencing epoch accepted so far."""
+        return self._meta("max_epoch")
+
+    @property
+    def mode(self) -> NodeMode:
+        row = self._db.execute("SELECT mode FROM node WHERE id = 1").fetchone()
+        if row is None or row[0] not in _MODES:
+            return "active"
+        return cast(NodeMode, row[0])
+
+    def cached_result(self, command_id: UUID) -> CommandResult | None:
+        """The result recorded for `command_id`, if the command was ever seen."""
+        row = self._db.execute(
+            "SELECT result_json FROM commands WHERE command_id = ?", (str(command_id),)
+        ).fetchone()
+        return None if row is None else CommandResult.model_validate_json(row[0])
+
+    def command_count(self) -> int:
+        return int(self._db.execute("SELECT count(*) FROM commands").fetchone()[0])
+
+    # ------------------------------------------------------------ writes
+
+    def record(
+        self,
+        result: CommandResult,
+        *,
+        seq: int | None,
+        epoch: int | None,
+        accepted: bool,
+        mode: NodeMode | None = None,
+        now: datetime,
+    ) -> bool:
+        """Journal a command's result; with `accepted`, also advance seq and epoch.
+
+        Returns False (and changes nothing) if the command id was already journaled: the
+        first result is the one that counts, and a later rejection never overwrites it.
+        """
+        with self._transaction():
+            inserted = self._db.execute(
+                "INSERT OR IGNORE INTO commands"
+                " (command_id, seq, epoch, action, outcome, reason, result_json, recorded_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    str(result.command_id),
+                    seq,
+                    epoch,
+                    result.action,
+                    result.outcome,
+                    result.reason,
+                    result.model_dump_json(),
+                    now.isoformat(),
+                ),
+            ).rowcount
+            if not inserted:
+                return False
+            if accepted and seq is not None and epoch is not None:
+                self._raise_meta("last_seq", seq)
+                self._raise_meta("max_epoch", epoch)
+            if mode is not None:
+                self._set_mode(mode)
+        return True
+
+    def set_mode(self, mode: NodeMode) -> None:
+        """Set the node mode outside a command (operator tooling, tests)."""
+        with self._transaction():
+            self._set_mode(mode)
+
+    def next_report_seq(self, now_ms: int) -> int:
+        """The next report seq: above the last one and at least the wall clock in ms.
+
+        The clock part keeps seq rising even if the journal file is lost; the stored part
+        keeps it rising if the clock steps back.
+        """
+        with self._transaction():
+            last = self._meta("report_seq")
+            seq = max(0 if last is None else last + 1, now_ms)
+            self._db.execute(
+                "INSERT INTO meta (key, value) VALUES ('report_seq', ?)"
+                " ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (seq,),
+            )
+        return seq
+
+    def _raise_meta(self, key: str, value: int) -> None:
+        self._db.execute(
+            "INSERT INTO meta (key, value) VALUES (?, ?)"
+            " ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)",
+            (key, value),
+        )
+
+    def _set_mode(self, mode: NodeMode) -> None:
+        self._db.execute(
+            "INSERT INTO node (id, mode) VALUES (1, ?)"
+            " ON CONFLICT(id) DO UPDATE SET mode = excluded.mode",
+            (mode,),
+        )
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """BEGIN IMMEDIATE ... COMMIT, rolled back on any error."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")

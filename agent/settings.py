@@ -1,0 +1,56 @@
+"""Agent settings, read from the environment with the prefix `AGENT_`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
+
+from services.shared.settings import ServiceSettings
+
+IDENTIFIER_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"
+
+
+class AgentSettings(ServiceSettings):
+    """What one agent needs to know: who it is, how often to report, which keys to trust."""
+
+    model_config = SettingsConfigDict(env_prefix="AGENT_", extra="ignore", frozen=True)
+
+    node_id: str = Field(pattern=IDENTIFIER_PATTERN)
+    pool: str = Field(default="default", pattern=IDENTIFIER_PATTERN)
+    gpus: int = Field(default=2, ge=0, le=64, description="GPUs of the simulated device.")
+    interval_s: float = Field(default=2.0, gt=0.0, le=3_600.0)
+    # `state_dir` is taken by the shared WARDEN_STATE_DIR; this one is the agent's own.
+    agent_state_dir: Path | None = Field(
+        default=None,
+        validation_alias=AliasChoices("AGENT_STATE_DIR", "agent_state_dir"),
+        description="Journal and fault plan; default <WARDEN_STATE_DIR>/agents/<node_id>.",
+    )
+    # NoDecode: the env value is a comma-separated list of paths, not JSON.
+    trusted_keys: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list,
+        description="Public-key PEM files; with none, every command is rejected unknown_kid.",
+    )
+    command_leeway_s: float = Field(default=30.0, ge=0.0, le=600.0)
+    max_command_ttl_s: float = Field(default=300.0, gt=0.0, le=3_600.0)
+
+    @field_validator("trusted_keys", mode="before")
+    @classmethod
+    def _split_paths(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [Path(part.strip()) for part in value.split(",") if part.strip()]
+        return value
+
+    def node_state_dir(self) -> Path:
+        """Where this agent keeps its journal and fault plan."""
+        if self.agent_state_dir is not None:
+            return self.agent_state_dir
+        return Path(self.state_dir) / "agents" / self.node_id
+
+    def service_name(self) -> str:
+        """The agent's service name (client id, consumer group, telemetry)."""
+        # The cluster id is part of it: two local clusters may both have a node-001, and a
+        # shared consumer group would split one node's commands between two agents.
+        return f"agent-{self.cluster_id}-{self.node_id}"

@@ -1,0 +1,414 @@
+#!/usr/bin/env bash
+# Runs a single-node Apache Kafka (KRaft, combined broker+controller) for local development and
+# integration tests, straight from the jars that deploy/kafka/pom.xml fetches. No Docker needed.
+#
+#   deploy/local/kafka.sh start    start (or confirm already running) and wait until it serves metadata
+#   deploy/local/kafka.sh stop     SIGTERM, wait up to 30 s for a clean shutdown, then SIGKILL
+#   deploy/local/kafka.sh status   exit 0 if running and answering, 1 otherwise
+#   deploy/local/kafka.sh reset    stop and delete the data dir (the next start formats afresh)
+#
+# Environment:
+#   WARDEN_STATE_DIR        state root (default <repo>/.state); this script uses $WARDEN_STATE_DIR/kafka
+#   KAFKA_PORT              client (PLAINTEXT) port, default 19092
+#   KAFKA_CONTROLLER_PORT   KRaft controller port, default 19093
+# Both ports bind 127.0.0.1 only and sit away from 9092/9093 so a system Kafka does not collide.
+set -euo pipefail
+
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(cd "${SCRIPT_DIR}/../.." && pwd)"
+
+KAFKA_HOST=127.0.0.1
+KAFKA_PORT="${KAFKA_PORT:-19092}"
+KAFKA_CONTROLLER_PORT="${KAFKA_CONTROLLER_PORT:-19093}"
+STATE_ROOT="${WARDEN_STATE_DIR:-${REPO_ROOT}/.state}"
+STATE_DIR="${STATE_ROOT}/kafka"
+DATA_DIR="${STATE_DIR}/data"
+LOGS_DIR="${STATE_DIR}/logs"
+SERVER_PROPS="${STATE_DIR}/server.properties"
+LOG4J_PROPS="${STATE_DIR}/log4j2.properties"
+PID_FILE="${STATE_DIR}/kafka.pid"
+CLUSTER_ID_FILE="${STATE_DIR}/cluster.id"
+STDOUT_LOG="${LOGS_DIR}/kafka.out"
+SERVER_LOG="${LOGS_DIR}/server.log"
+
+POM="${REPO_ROOT}/deploy/kafka/pom.xml"
+LIBS_DIR="${REPO_ROOT}/deploy/kafka/target/libs"
+
+READY_TIMEOUT_S=90
+STOP_TIMEOUT_S=30
+
+log() { printf 'kafka: %s\n' "$*"; }
+die() { printf 'kafka: error: %s\n' "$*" >&2; exit 1; }
+
+usage() {
+    printf 'usage: %s {start|stop|status|reset}\n' "$0" >&2
+    exit 2
+}
+
+# Seconds since the epoch with microseconds; bash 5 provides it without forking `date`.
+now() { printf '%s' "${EPOCHREALTIME}"; }
+
+elapsed_since() {
+    awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'
+}
+
+validate_port() {
+    local name="$1" value="$2"
+    if [[ ! "${value}" =~ ^[1-9][0-9]{0,4}$ ]] || (( value > 65535 )); then
+        die "${name}=${value} is not a valid TCP port"
+    fi
+}
+
+require_java() {
+    command -v java >/dev/null 2>&1 \
+        || die "java not found on PATH; Kafka 4.x needs a Java 17+ runtime (e.g. apt-get install -y openjdk-17-jre-headless)"
+    # Kafka 4.x brokers refuse to run on anything older than Java 17; say so up front instead of
+    # letting the JVM fail with an UnsupportedClassVersionError buried in kafka.out.
+    local spec
+    spec="$(java -XshowSettings:properties -version 2>&1 | awk -F'= ' '/java.specification.version/ { print $2; exit }')"
+    if [[ ! "${spec}" =~ ^[0-9]+$ ]] || (( spec < 17 )); then
+        die "java on PATH reports specification version '${spec:-unknown}'; Kafka 4.x needs Java 17+"
+    fi
+}
+
+have_kafka_jars() {
+    compgen -G "${LIBS_DIR}/kafka_2.13-*.jar" >/dev/null
+}
+
+ensure_libs() {
+    have_kafka_jars && return 0
+    command -v mvn >/dev/null 2>&1 \
+        || die "${LIBS_DIR} has no kafka_2.13-*.jar and mvn is not on PATH to fetch it; install Maven (apt-get install -y maven) or run: mvn -B -q -f ${POM} package"
+    log "fetching Kafka jars with Maven (one-off) ..."
+    mvn -B -q -f "${POM}" package || die "mvn -B -q -f ${POM} package failed"
+    have_kafka_jars || die "mvn succeeded but ${LIBS_DIR} still has no kafka_2.13-*.jar"
+}
+
+# True if something accepts TCP connections on host:port. Uses bash's /dev/tcp so polling does
+# not fork a new interpreter every iteration; `timeout` bounds a connect that hangs.
+port_open() {
+    # shellcheck disable=SC2016  # $1/$2 are expanded by the inner bash, not this one
+    timeout 1 bash -c 'exec 3<>"/dev/tcp/$1/$2"' _ "$1" "$2" 2>/dev/null
+}
+
+# True if the broker answers a metadata request with at least one broker in it. An open port alone
+# is not enough to call the broker usable, so ask it for metadata the way a client would. aiokafka
+# is the client the services use, so prefer it; without it, send a hand-built Metadata v0 request.
+broker_answers() {
+    python3 - "${KAFKA_HOST}" "${KAFKA_PORT}" <<'PY' >/dev/null 2>&1
+import asyncio
+import socket
+import struct
+import sys
+
+host, port = sys.argv[1], int(sys.argv[2])
+
+
+async def via_aiokafka() -> None:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=f"{host}:{port}", request_timeout_ms=5000)
+    await admin.start()
+    try:
+        await admin.list_topics()
+    finally:
+        await admin.close()
+
+
+def via_raw_metadata() -> None:
+    client_id = b"warden-ready-check"
+    # Request header v1 (api_key=3 Metadata, version 0, correlation id, client id) and an empty
+    # topic array, which Metadata v0 reads as "all topics".
+    body = struct.pack(">hhih", 3, 0, 7, len(client_id)) + client_id + struct.pack(">i", 0)
+    with socket.create_connection((host, port), timeout=5) as sock:
+        sock.sendall(struct.pack(">i", len(body)) + body)
+        buf = b""
+        while len(buf) < 12:
+            chunk = sock.recv(4096)
+            if not chunk:
+                raise ConnectionError("broker closed the connection")
+            buf += chunk
+    _size, correlation_id, broker_count = struct.unpack(">iii", buf[:12])
+    if correlation_id != 7 or broker_count < 1:
+        raise RuntimeError("unexpected metadata response")
+
+
+try:
+    import aiokafka  # noqa: F401
+except ImportError:
+    via_raw_metadata()
+else:
+    asyncio.run(asyncio.wait_for(via_aiokafka(), timeout=10))
+PY
+}
+
+# Prints the pid from the pid file if that process is alive and really is our broker (pids get
+# reused, so a bare `kill -0` could point at an unrelated process after a reboot).
+live_pid() {
+    [[ -f "${PID_FILE}" ]] || return 1
+    local pid
+    pid="$(<"${PID_FILE}")"
+    [[ "${pid}" =~ ^[0-9]+$ ]] || return 1
+    kill -0 "${pid}" 2>/dev/null || return 1
+    tr '\0' ' ' <"/proc/${pid}/cmdline" 2>/dev/null | grep -q 'kafka\.Kafka' || return 1
+    printf '%s' "${pid}"
+}
+
+show_log_tail() {
+    if [[ -s "${SERVER_LOG}" ]]; then
+        printf -- '--- last 40 lines of %s ---\n' "${SERVER_LOG}" >&2
+        tail -n 40 "${SERVER_LOG}" >&2
+    fi
+    # JVM-level failures (bad flags, missing classes) never reach log4j, only stdout/stderr.
+    if [[ -s "${STDOUT_LOG}" ]]; then
+        printf -- '--- last 40 lines of %s ---\n' "${STDOUT_LOG}" >&2
+        tail -n 40 "${STDOUT_LOG}" >&2
+    fi
+}
+
+# Kafka cluster ids are 16 random bytes as unpadded base64url (22 chars). Generated once and kept,
+# so a reformat after `reset` reuses the same id. A leading '-' is avoided, as Kafka's own
+# Uuid.randomUuid does, because the storage tool would parse "-t -abc..." as an option.
+cluster_id() {
+    local id=""
+    if [[ -f "${CLUSTER_ID_FILE}" ]]; then
+        id="$(<"${CLUSTER_ID_FILE}")"
+        [[ "${id}" =~ ^[A-Za-z0-9_][A-Za-z0-9_-]{21}$ ]] \
+            || die "${CLUSTER_ID_FILE} holds '${id}', not a 22-char base64url cluster id; delete it to regenerate"
+        printf '%s' "${id}"
+        return 0
+    fi
+    while [[ -z "${id}" || "${id}" == -* ]]; do
+        id="$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')"
+    done
+    printf '%s\n' "${id}" >"${CLUSTER_ID_FILE}"
+    printf '%s' "${id}"
+}
+
+write_configs() {
+    # Regenerated on every start so that changed ports or settings here take effect; nothing in
+    # these files is state worth preserving.
+    cat >"${SERVER_PROPS}" <<EOF
+# Generated by deploy/local/kafka.sh on every start; edit the script, not this file.
+# Single combined broker+controller KRaft node.
+process.roles=broker,controller
+node.id=1
+# Static quorum of one voter. Kafka 4.4 still formats and runs this without --standalone; the
+# dynamic-quorum alternative (controller.quorum.bootstrap.servers + format --standalone) is only
+# needed to add or remove controllers later, which a one-node dev broker never does.
+controller.quorum.voters=1@${KAFKA_HOST}:${KAFKA_CONTROLLER_PORT}
+listeners=PLAINTEXT://${KAFKA_HOST}:${KAFKA_PORT},CONTROLLER://${KAFKA_HOST}:${KAFKA_CONTROLLER_PORT}
+advertised.listeners=PLAINTEXT://${KAFKA_HOST}:${KAFKA_PORT}
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+log.dirs=${DATA_DIR}
+
+# One broker: every internal topic must make do with replication 1, and one partition keeps
+# start-up (and coordinator loading) fast.
+num.partitions=1
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+
+# Tests start consumers and expect them to get partitions immediately.
+group.initial.rebalance.delay.ms=0
+# The services create their topics explicitly; a typo must fail loudly rather than make a topic.
+auto.create.topics.enable=false
+
+num.network.threads=2
+num.io.threads=2
+log.retention.hours=24
+EOF
+
+    cat >"${LOG4J_PROPS}" <<'EOF'
+# Generated by deploy/local/kafka.sh. Everything goes to one rolling file at INFO; nothing to the
+# console, so kafka.out only ever holds JVM-level errors.
+status = warn
+name = warden-local-kafka
+
+appender.server.type = RollingFile
+appender.server.name = server
+appender.server.fileName = ${sys:kafka.logs.dir}/server.log
+appender.server.filePattern = ${sys:kafka.logs.dir}/server.log.%i
+appender.server.layout.type = PatternLayout
+appender.server.layout.pattern = [%d] %p %m (%c)%n
+appender.server.policies.type = Policies
+appender.server.policies.size.type = SizeBasedTriggeringPolicy
+appender.server.policies.size.size = 50MB
+appender.server.strategy.type = DefaultRolloverStrategy
+appender.server.strategy.max = 3
+
+rootLogger.level = INFO
+rootLogger.appenderRef.server.ref = server
+
+# Per-request logging is only useful when debugging the protocol itself.
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+EOF
+}
+
+format_storage() {
+    # meta.properties exists once the log dir is formatted; skipping the tool then saves a JVM
+    # start on every warm restart. --ignore-formatted keeps it safe if this check ever misses.
+    [[ -f "${DATA_DIR}/meta.properties" ]] && return 0
+    local id
+    id="$(cluster_id)"
+    log "formatting ${DATA_DIR} (cluster id ${id}) ..."
+    java -Xmx256m -Dlog4j2.configurationFile="${LOG4J_PROPS}" -Dkafka.logs.dir="${LOGS_DIR}" \
+        -cp "${LIBS_DIR}/*" kafka.tools.StorageTool format \
+        -t "${id}" -c "${SERVER_PROPS}" --ignore-formatted >>"${STDOUT_LOG}" 2>&1 \
+        || { show_log_tail; die "formatting the storage directory failed"; }
+}
+
+wait_until_ready() {
+    local pid="$1" started="$2"
+    local deadline
+    deadline="$(awk -v s="${started}" -v t="${READY_TIMEOUT_S}" 'BEGIN { printf "%d", s + t }')"
+    while :; do
+        if ! kill -0 "${pid}" 2>/dev/null; then
+            rm -f "${PID_FILE}"
+            show_log_tail
+            die "broker process ${pid} exited during start-up"
+        fi
+        # The broker only opens its client listener once it has joined the quorum and been
+        # unfenced, so the cheap TCP probe filters out almost all not-yet-ready polls before
+        # paying for a Python interpreter.
+        if port_open "${KAFKA_HOST}" "${KAFKA_PORT}" && broker_answers; then
+            return 0
+        fi
+        if (( EPOCHSECONDS >= deadline )); then
+            show_log_tail
+            die "broker not ready on ${KAFKA_HOST}:${KAFKA_PORT} after ${READY_TIMEOUT_S} s (pid ${pid} still running; see ${LOGS_DIR})"
+        fi
+        sleep 0.2
+    done
+}
+
+cmd_start() {
+    local started pid
+    started="$(now)"
+    mkdir -p "${DATA_DIR}" "${LOGS_DIR}"
+
+    if pid="$(live_pid)"; then
+        if port_open "${KAFKA_HOST}" "${KAFKA_PORT}" && broker_answers; then
+            log "already running (pid ${pid}) on ${KAFKA_HOST}:${KAFKA_PORT}"
+            return 0
+        fi
+        # Alive but not answering: most likely another `start` is still waiting for it.
+        log "pid ${pid} is running but not answering yet; waiting for it"
+        wait_until_ready "${pid}" "${started}"
+        log "kafka ready on ${KAFKA_HOST}:${KAFKA_PORT} in $(elapsed_since "${started}") s"
+        return 0
+    fi
+    rm -f "${PID_FILE}"
+
+    # Refuse to start over someone else's listener: the broker would die with a bind error, and
+    # worse, the readiness check could succeed against the foreign process.
+    local port
+    for port in "${KAFKA_PORT}" "${KAFKA_CONTROLLER_PORT}"; do
+        if port_open "${KAFKA_HOST}" "${port}"; then
+            die "${KAFKA_HOST}:${port} is already in use by a process this script did not start; stop it or set KAFKA_PORT/KAFKA_CONTROLLER_PORT"
+        fi
+    done
+
+    require_java
+    ensure_libs
+    write_configs
+    format_storage
+
+    # nohup + redirected stdio so the broker outlives this shell and never writes to the terminal.
+    # fd 9 (the lock) is closed for the broker, or it would hold the lock for as long as it runs.
+    # Heap is fixed small: a dev broker holding a few test topics does not need Kafka's 1 GB default.
+    nohup java -Xms512m -Xmx512m -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+        -Djava.awt.headless=true \
+        -Dlog4j2.configurationFile="${LOG4J_PROPS}" \
+        -Dkafka.logs.dir="${LOGS_DIR}" \
+        -cp "${LIBS_DIR}/*" kafka.Kafka "${SERVER_PROPS}" \
+        >>"${STDOUT_LOG}" 2>&1 </dev/null 9>&- &
+    pid=$!
+    printf '%s\n' "${pid}" >"${PID_FILE}"
+    log "started pid ${pid}; waiting up to ${READY_TIMEOUT_S} s for ${KAFKA_HOST}:${KAFKA_PORT} ..."
+
+    wait_until_ready "${pid}" "${started}"
+    log "kafka ready on ${KAFKA_HOST}:${KAFKA_PORT} in $(elapsed_since "${started}") s"
+}
+
+cmd_stop() {
+    local pid
+    if ! pid="$(live_pid)"; then
+        rm -f "${PID_FILE}"
+        log "not running"
+        return 0
+    fi
+    local started
+    started="$(now)"
+    # SIGTERM runs Kafka's shutdown hook: it flushes logs and writes clean-shutdown markers, which
+    # spares the next start a log recovery pass.
+    kill -TERM "${pid}" 2>/dev/null || true
+    local i
+    for (( i = 0; i < STOP_TIMEOUT_S * 5; i++ )); do
+        kill -0 "${pid}" 2>/dev/null || break
+        sleep 0.2
+    done
+    if kill -0 "${pid}" 2>/dev/null; then
+        log "pid ${pid} still alive after ${STOP_TIMEOUT_S} s; sending SIGKILL"
+        kill -KILL "${pid}" 2>/dev/null || true
+        while kill -0 "${pid}" 2>/dev/null; do sleep 0.1; done
+    fi
+    rm -f "${PID_FILE}"
+    log "stopped pid ${pid} in $(elapsed_since "${started}") s"
+}
+
+cmd_status() {
+    local pid
+    if pid="$(live_pid)" && port_open "${KAFKA_HOST}" "${KAFKA_PORT}"; then
+        log "running (pid ${pid}) on ${KAFKA_HOST}:${KAFKA_PORT}"
+        return 0
+    fi
+    if [[ -n "${pid:-}" ]]; then
+        log "pid ${pid} is alive but ${KAFKA_HOST}:${KAFKA_PORT} is not accepting connections"
+    else
+        log "not running"
+    fi
+    return 1
+}
+
+# Serialises start/stop/reset: two concurrent `start`s (parallel test sessions, say) would both
+# see no broker, both launch one, and the loser would die on a port bind error. The lock is held
+# on fd 9 until this script exits.
+take_lock() {
+    command -v flock >/dev/null 2>&1 || return 0
+    mkdir -p "${STATE_DIR}"
+    exec 9>"${STATE_DIR}/.lock"
+    flock -w $(( READY_TIMEOUT_S + STOP_TIMEOUT_S )) 9 \
+        || die "another kafka.sh is still holding ${STATE_DIR}/.lock"
+}
+
+cmd_reset() {
+    cmd_stop
+    # Only the data dir goes: logs stay for post-mortems and the cluster id is reused on reformat.
+    rm -rf "${DATA_DIR}"
+    log "deleted ${DATA_DIR}"
+}
+
+main() {
+    [[ $# -eq 1 ]] || usage
+    validate_port KAFKA_PORT "${KAFKA_PORT}"
+    validate_port KAFKA_CONTROLLER_PORT "${KAFKA_CONTROLLER_PORT}"
+    [[ "${KAFKA_PORT}" != "${KAFKA_CONTROLLER_PORT}" ]] \
+        || die "KAFKA_PORT and KAFKA_CONTROLLER_PORT must differ"
+    case "$1" in
+        start) take_lock; cmd_start ;;
+        stop) take_lock; cmd_stop ;;
+        status) cmd_status ;;
+        reset) take_lock; cmd_reset ;;
+        *) usage ;;
+    esac
+}
+
+main "$@"

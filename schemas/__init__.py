@@ -1,0 +1,1 @@
+"""The ClusterWarden contract: topic names and strict event models. Imports pydantic only."""

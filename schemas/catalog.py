@@ -1,0 +1,31 @@
+"""Which event model travels on which topic: the one map every consumer validates against."""
+
+from schemas.envelope import Envelope
+from schemas.events.v1 import (
+    Alert,
+    Command,
+    CommandResult,
+    NodeReport,
+    NodeState,
+    OpsNeed,
+    OpsTask,
+    Sample,
+    TaskControl,
+    TaskEvent,
+    TaskScheduled,
+)
+from schemas.topics import Topic
+
+TOPIC_MODELS: dict[Topic, type[Envelope]] = {
+    Topic.NODE_REPORTS: NodeReport,
+    Topic.NODE_COMMANDS: Command,
+    Topic.NODE_COMMAND_RESULTS: CommandResult,
+    Topic.OPS_SAMPLES: Sample,
+    Topic.OPS_NODE_STATE: NodeState,
+    Topic.OPS_NEEDS: OpsNeed,
+    Topic.OPS_TASKS: OpsTask,
+    Topic.OPS_TASKS_SCHEDULED: TaskScheduled,
+    Topic.OPS_TASK_EVENTS: TaskEvent,
+    Topic.OPS_TASK_CONTROL: TaskControl,
+    Topic.OPS_ALERTS: Alert,
+}

@@ -1,0 +1,43 @@
+"""The envelope every event carries, and the strict base configuration."""
+
+from datetime import datetime
+from typing import Annotated, Literal
+from uuid import UUID
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
+
+SCHEMA_VERSION = 1
+
+# Strict: unknown fields, NaN/inf and type coercions ("50" -> 50.0) are all rejected.
+# The pydantic defaults accept every one of them.
+STRICT = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True, frozen=True)
+
+Identifier = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,128}$")]
+ShortText = Annotated[str, StringConstraints(max_length=256)]
+Reason = Annotated[str, StringConstraints(min_length=1, max_length=500)]
+
+
+class Strict(BaseModel):
+    """Base of every value object in the contract."""
+
+    model_config = STRICT
+
+
+class Envelope(Strict):
+    """Fields common to every event. `event_id` is the dedupe key of every consumer."""
+
+    event_id: UUID
+    event_type: str
+    schema_version: Literal[1] = SCHEMA_VERSION
+    source: Identifier = Field(description="The service or agent that emitted the event.")
+    occurred_at: AwareDatetime
+    cluster_id: Identifier
+    subject: Identifier = Field(description="The node or task the event is about.")
+    correlation_id: Identifier | None = Field(
+        default=None, description="Ties an event to the one that caused it (e.g. need -> task)."
+    )
+
+
+def utc_iso(moment: datetime) -> str:
+    """An aware datetime as the ISO text used in golden fixtures."""
+    return moment.isoformat()

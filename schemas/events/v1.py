@@ -1,0 +1,465 @@
+"""Version 1 of every event of the loop, strict pydantic v2 models.
+
+Bounds follow the validation rules of the project: at most 64 GPUs, 1,024 jobs and 16 peer
+probes per report; strings at most 256 characters; utilisation 0-100; temperatures at most
+150 C (beyond that a sensor is broken, and a broken sensor must never trigger remediation).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+from uuid import UUID
+
+from pydantic import AwareDatetime, Field, model_validator
+
+from schemas.envelope import Envelope, Identifier, Reason, ShortText, Strict
+
+Percent = Annotated[float, Field(ge=0.0, le=100.0)]
+MiB = Annotated[int, Field(ge=0, le=4_194_304)]
+Count = Annotated[int, Field(ge=0, le=2**53)]
+Seq = Annotated[int, Field(ge=0, le=2**63 - 1)]
+Priority = Annotated[int, Field(ge=0, le=9, description="0 is the most urgent.")]
+StepIndex = Annotated[int, Field(ge=0, le=63)]
+
+GpuSource = Literal["nvml", "simulated"]
+NodeMode = Literal["active", "draining", "offline"]
+NodeStateName = Literal["up", "suspect", "down", "draining", "offline"]
+FaultKind = Literal["xid", "ecc", "hung_job", "probe_failed", "heartbeat_missed", "agent"]
+NeedKind = Literal["scale_out", "scale_in", "load_balance", "offline", "online"]
+TaskState = Literal[
+    "created", "queued", "dispatched", "running", "paused", "succeeded", "failed", "terminated"
+]
+StepState = Literal["scheduled", "started", "completed", "failed", "skipped"]
+OutputValue = Annotated[str, Field(max_length=256)] | int | float | bool
+
+
+# ---------------------------------------------------------------- node reports
+
+
+class GpuMetrics(Strict):
+    """One GPU as NVML (or the simulated device) sees it."""
+
+    index: Annotated[int, Field(ge=0, le=63)]
+    uuid: ShortText
+    name: ShortText
+    utilization_pct: Percent
+    memory_used_mib: MiB
+    memory_total_mib: MiB
+    temperature_c: Annotated[float, Field(ge=-40.0, le=150.0)]
+    power_w: Annotated[float, Field(ge=0.0, le=5_000.0)]
+    ecc_corrected_volatile: Count | None = None
+    ecc_uncorrected_volatile: Count | None = None
+    ecc_corrected_aggregate: Count | None = None
+    ecc_uncorrected_aggregate: Count | None = None
+    xid_events: list[Annotated[int, Field(ge=0, le=65_535)]] = Field(
+        default_factory=list, max_length=64, description="XIDs seen since the last report."
+    )
+    throttle_reasons: Count = 0
+
+    @model_validator(mode="after")
+    def _memory_fits(self) -> GpuMetrics:
+        if self.memory_used_mib > self.memory_total_mib:
+            raise ValueError("memory_used_mib exceeds memory_total_mib")
+        return self
+
+
+class HostMetrics(Strict):
+    """Host metrics read through psutil."""
+
+    cpu_pct: Percent
+    memory_used_mib: MiB
+    memory_total_mib: MiB
+    disk_used_pct: Percent
+    net_rx_bytes_per_s: Annotated[float, Field(ge=0.0, le=1e12)] = 0.0
+    net_tx_bytes_per_s: Annotated[float, Field(ge=0.0, le=1e12)] = 0.0
+
+    @model_validator(mode="after")
+    def _memory_fits(self) -> HostMetrics:
+        if self.memory_used_mib > self.memory_total_mib:
+            raise ValueError("memory_used_mib exceeds memory_total_mib")
+        return self
+
+
+class Fault(Strict):
+    """A piece of fault data: anything above the fault range (default 0) is a need."""
+
+    kind: FaultKind
+    code: Annotated[int, Field(ge=0, le=65_535)] | None = None
+    gpu_index: Annotated[int, Field(ge=0, le=63)] | None = None
+    detail: ShortText = ""
+
+
+class JobInfo(Strict):
+    """An ML job the agent runs."""
+
+    job_id: Identifier
+    kind: Literal["training", "inference"]
+    state: Literal["starting", "running", "checkpointing", "stopped", "failed", "hung"]
+    progress_pct: Percent = 0.0
+    throughput: Annotated[float, Field(ge=0.0, le=1e9)] = 0.0
+    gpu_indices: list[Annotated[int, Field(ge=0, le=63)]] = Field(
+        default_factory=list, max_length=64
+    )
+
+
+class PeerProbe(Strict):
+    """The agent's probe of a peer node."""
+
+    peer_node_id: Identifier
+    reachable: bool
+    rtt_ms: Annotated[float, Field(ge=0.0, le=600_000.0)] | None = None
+
+
+class NodeReport(Envelope):
+    """What an agent sends every interval: heartbeat, metrics, health, jobs and peer probes."""
+
+    event_type: Literal["node_report"] = "node_report"
+    node_id: Identifier
+    pool: Identifier = "default"
+    seq: Seq = Field(description="Per-node sequence; an older report is never used for decisions.")
+    interval_s: Annotated[float, Field(gt=0.0, le=3_600.0)]
+    gpu_source: GpuSource = Field(description="Where the GPU metrics came from.")
+    mode: NodeMode = "active"
+    gpus: list[GpuMetrics] = Field(default_factory=list, max_length=64)
+    host: HostMetrics
+    faults: list[Fault] = Field(default_factory=list, max_length=256)
+    jobs: list[JobInfo] = Field(default_factory=list, max_length=1024)
+    peer_probes: list[PeerProbe] = Field(default_factory=list, max_length=16)
+
+    @model_validator(mode="after")
+    def _subject_is_node(self) -> NodeReport:
+        if self.subject != self.node_id:
+            raise ValueError("subject must equal node_id")
+        return self
+
+
+# ---------------------------------------------------------------- collector output
+
+
+class Sample(Envelope):
+    """A validated report reduced to what analysis needs (one per accepted report)."""
+
+    event_type: Literal["sample"] = "sample"
+    node_id: Identifier
+    pool: Identifier
+    seq: Seq
+    reported_at: AwareDatetime
+    report_event_id: UUID
+    mode: NodeMode
+    gpu_count: Annotated[int, Field(ge=0, le=64)]
+    gpu_utilization_pct: Percent
+    gpu_memory_pct: Percent
+    fault_count: Count
+    faults: list[Fault] = Field(default_factory=list, max_length=256)
+    gpu_source: GpuSource
+
+
+class NodeState(Envelope):
+    """A node's state changed."""
+
+    event_type: Literal["node_state"] = "node_state"
+    node_id: Identifier
+    pool: Identifier
+    state: NodeStateName
+    previous: NodeStateName | None = None
+    reason: ShortText
+    last_report_at: AwareDatetime | None = None
+
+
+# ---------------------------------------------------------------- needs and tasks
+
+
+class Evidence(Strict):
+    """Why a need was raised: the measured value, the range it left, and where it came from."""
+
+    metric: ShortText
+    value: Annotated[float, Field(ge=-1e12, le=1e12)]
+    range_low: Annotated[float, Field(ge=-1e12, le=1e12)]
+    range_high: Annotated[float, Field(ge=-1e12, le=1e12)]
+    observed_at: AwareDatetime
+    source_event_id: UUID | None = None
+    detail: ShortText = ""
+
+
+class OpsNeed(Envelope):
+    """An ops need raised by the analyzer; the templater turns it into a task."""
+
+    event_type: Literal["ops_need"] = "ops_need"
+    kind: NeedKind
+    pool: Identifier = "default"
+    target: Identifier = Field(description="The node (or cluster) the need is about.")
+    evidence: list[Evidence] = Field(min_length=1, max_length=32)
+
+
+class DrainNode(Strict):
+    """Stop accepting new work on a node."""
+
+    action: Literal["drain_node"] = "drain_node"
+    node_id: Identifier
+
+
+class UndrainNode(Strict):
+    """Accept new work again."""
+
+    action: Literal["undrain_node"] = "undrain_node"
+    node_id: Identifier
+
+
+class OfflineNode(Strict):
+    """Take a drained node out of service."""
+
+    action: Literal["offline_node"] = "offline_node"
+    node_id: Identifier
+
+
+class OnlineNode(Strict):
+    """Return a repaired node to service."""
+
+    action: Literal["online_node"] = "online_node"
+    node_id: Identifier
+
+
+class MigrateJob(Strict):
+    """Checkpoint a job, stop it on its node and start it from the checkpoint elsewhere."""
+
+    action: Literal["migrate_job"] = "migrate_job"
+    node_id: Identifier
+    job_id: Identifier
+    to_node_id: Identifier | None = None
+
+
+class StartJob(Strict):
+    """Start a job, optionally from a checkpoint."""
+
+    action: Literal["start_job"] = "start_job"
+    node_id: Identifier
+    job_id: Identifier
+    checkpoint: Identifier | None = None
+
+
+class StopJob(Strict):
+    """Stop a job."""
+
+    action: Literal["stop_job"] = "stop_job"
+    node_id: Identifier
+    job_id: Identifier
+
+
+class SetResources(Strict):
+    """Change a job's resources."""
+
+    action: Literal["set_resources"] = "set_resources"
+    node_id: Identifier
+    job_id: Identifier
+    gpus: Annotated[int, Field(ge=0, le=64)]
+    memory_mib: MiB
+
+
+class QueryStatus(Strict):
+    """Ask the agent what became of an earlier command."""
+
+    action: Literal["query_status"] = "query_status"
+    node_id: Identifier
+    command_id: UUID
+
+
+class Cancel(Strict):
+    """Cancel a running command."""
+
+    action: Literal["cancel"] = "cancel"
+    node_id: Identifier
+    command_id: UUID
+
+
+# The allow-list of what the centre may ask an agent to do; anything else is rejected by the
+# discriminator before any handler runs.
+Action = Annotated[
+    DrainNode
+    | UndrainNode
+    | OfflineNode
+    | OnlineNode
+    | MigrateJob
+    | StartJob
+    | StopJob
+    | SetResources
+    | QueryStatus
+    | Cancel,
+    Field(discriminator="action"),
+]
+ActionName = Literal[
+    "drain_node",
+    "undrain_node",
+    "offline_node",
+    "online_node",
+    "migrate_job",
+    "start_job",
+    "stop_job",
+    "set_resources",
+    "query_status",
+    "cancel",
+]
+
+
+class Step(Strict):
+    """One typed step of a task's plan."""
+
+    index: StepIndex
+    name: Identifier
+    action: Action
+    timeout_s: Annotated[float, Field(gt=0.0, le=86_400.0)] = 60.0
+    max_attempts: Annotated[int, Field(ge=1, le=10)] = 3
+
+
+class OpsTask(Envelope):
+    """A task made from a need by a template: an ordered plan of steps."""
+
+    event_type: Literal["ops_task"] = "ops_task"
+    task_id: UUID
+    parent_task_id: UUID | None = None
+    need_id: UUID
+    need_kind: NeedKind
+    template: Identifier
+    pool: Identifier = "default"
+    target: Identifier
+    priority: Priority
+    mutex_keys: list[Identifier] = Field(
+        min_length=1, max_length=16, description="Locks held while the task runs."
+    )
+    dry_run: bool = False
+    steps: list[Step] = Field(min_length=1, max_length=64)
+    evidence: list[Evidence] = Field(default_factory=list, max_length=32)
+
+    @model_validator(mode="after")
+    def _steps_in_order(self) -> OpsTask:
+        if [s.index for s in self.steps] != list(range(len(self.steps))):
+            raise ValueError("steps must be indexed 0..n-1 in order")
+        return self
+
+
+class TaskScheduled(Envelope):
+    """The scheduler handed a task to the executor under a fencing epoch."""
+
+    event_type: Literal["task_scheduled"] = "task_scheduled"
+    task: OpsTask
+    epoch: Annotated[int, Field(ge=1, le=2**63 - 1)]
+
+
+# ---------------------------------------------------------------- commands
+
+
+class CommandPayload(Strict):
+    """What an agent executes; signed by the centre and verified by the agent before acting."""
+
+    command_id: UUID
+    node_id: Identifier
+    seq: Seq
+    epoch: Annotated[int, Field(ge=1, le=2**63 - 1)]
+    issued_at: AwareDatetime
+    expires_at: AwareDatetime
+    task_id: UUID | None = None
+    step_index: StepIndex | None = None
+    dry_run: bool = False
+    action: Action
+
+    @model_validator(mode="after")
+    def _action_for_this_node(self) -> CommandPayload:
+        if self.action.node_id != self.node_id:
+            raise ValueError("action.node_id must equal node_id")
+        if self.expires_at <= self.issued_at:
+            raise ValueError("expires_at must be after issued_at")
+        return self
+
+
+class Command(Envelope):
+    """A signed command. `payload` is the exact signed bytes (base64url of canonical JSON)."""
+
+    event_type: Literal["command"] = "command"
+    kid: Identifier
+    alg: Literal["ed25519"] = "ed25519"
+    payload: Annotated[str, Field(min_length=1, max_length=16_384, pattern=r"^[A-Za-z0-9_-]+$")]
+    sig: Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9_-]+$")]
+
+
+class CommandResult(Envelope):
+    """An agent's answer to a command (or its cached answer to a duplicate)."""
+
+    event_type: Literal["command_result"] = "command_result"
+    command_id: UUID
+    node_id: Identifier
+    task_id: UUID | None = None
+    step_index: StepIndex | None = None
+    action: ActionName | None = None
+    outcome: Literal["succeeded", "failed", "rejected", "unknown"]
+    reason: ShortText = ""
+    duplicate: bool = False
+    outputs: dict[Identifier, OutputValue] = Field(default_factory=dict, max_length=32)
+
+
+# ---------------------------------------------------------------- task lifecycle
+
+
+class TaskEvent(Envelope):
+    """Every transition of a task or one of its steps."""
+
+    event_type: Literal["task_event"] = "task_event"
+    task_id: UUID
+    parent_task_id: UUID | None = None
+    state: TaskState
+    previous_state: TaskState | None = None
+    step_index: StepIndex | None = None
+    step_state: StepState | None = None
+    command_id: UUID | None = None
+    actor: Identifier
+    reason: ShortText = ""
+    outputs: dict[Identifier, OutputValue] = Field(default_factory=dict, max_length=32)
+    task: OpsTask | None = Field(default=None, description="The full task, on `created` only.")
+
+
+class TaskControl(Envelope):
+    """An operator's intervention on a task."""
+
+    event_type: Literal["task_control"] = "task_control"
+    task_id: UUID
+    action: Literal["pause", "resume", "retry", "terminate", "jump"]
+    step_index: StepIndex | None = None
+    actor: Identifier
+    reason: Reason
+
+    @model_validator(mode="after")
+    def _jump_needs_step(self) -> TaskControl:
+        if (self.action == "jump") != (self.step_index is not None):
+            raise ValueError("step_index is required for jump and only for jump")
+        return self
+
+
+class Alert(Envelope):
+    """Something a human should see (breaker open, short-circuit, needs-human)."""
+
+    event_type: Literal["alert"] = "alert"
+    severity: Literal["info", "warning", "critical"]
+    kind: Identifier
+    dedup_key: Identifier
+    message: ShortText
+
+
+EVENT_MODELS: dict[str, type[Envelope]] = {
+    "node_report": NodeReport,
+    "sample": Sample,
+    "node_state": NodeState,
+    "ops_need": OpsNeed,
+    "ops_task": OpsTask,
+    "task_scheduled": TaskScheduled,
+    "command": Command,
+    "command_result": CommandResult,
+    "task_event": TaskEvent,
+    "task_control": TaskControl,
+    "alert": Alert,
+}
+
+
+def now_utc() -> datetime:
+    """The current time, aware, in UTC (for adapters; policy code takes `now` as an argument)."""
+    from datetime import UTC
+
+    return datetime.now(UTC)

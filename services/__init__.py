@@ -1,0 +1,1 @@
+"""ClusterWarden's control-plane services."""

@@ -1,0 +1,48 @@
+"""Analyzer wiring: `faststream run services.analyzer.app:create_app --factory`."""
+
+from __future__ import annotations
+
+from faststream import FastStream
+
+from schemas.events.v1 import NodeState, Sample
+from schemas.topics import Topic, topic_name
+from services.analyzer.handlers import Analyzer
+from services.analyzer.needs import enabled
+from services.analyzer.settings import AnalyzerSettings
+from services.analyzer.store import AnalyzerStore
+from services.shared.messaging import (
+    EventBus,
+    consumer_options,
+    group_name,
+    make_broker,
+    strict_decoder,
+)
+from services.shared.redis_client import Keys, connect_redis
+from services.shared.runtime import build_app
+from services.shared.telemetry import setup_telemetry
+
+
+def create_app(settings: AnalyzerSettings | None = None) -> FastStream:
+    settings = settings or AnalyzerSettings()
+    telemetry = setup_telemetry("analyzer")
+    broker, _ = make_broker(settings, "analyzer", telemetry)
+    redis = connect_redis(settings.redis_url)
+    analyzer = Analyzer(
+        settings,
+        enabled(settings.enabled_needs),
+        AnalyzerStore(redis, Keys(settings.namespace)),
+        EventBus(broker, settings.namespace),
+    )
+    limit = settings.max_message_bytes
+    # One consumer group per topic, so a rebalance on one topic never pauses the other.
+    broker.subscriber(
+        topic_name(Topic.OPS_SAMPLES, settings.namespace),
+        decoder=strict_decoder(Sample, limit),
+        **consumer_options(group_name(settings, "analyzer-samples")),
+    )(analyzer.on_sample)
+    broker.subscriber(
+        topic_name(Topic.OPS_NODE_STATE, settings.namespace),
+        decoder=strict_decoder(NodeState, limit),
+        **consumer_options(group_name(settings, "analyzer-node-state")),
+    )(analyzer.on_node_state)
+    return build_app(broker, settings, closers=[redis.aclose])

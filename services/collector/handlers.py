@@ -1,0 +1,141 @@
+"""Collector handlers: validate each report, apply it to node state, publish what changed."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from faststream.kafka import KafkaMessage
+from opentelemetry import metrics, trace
+from pydantic import ValidationError
+
+from schemas.events.v1 import NodeReport, NodeState, NodeStateName, Sample, now_utc
+from schemas.topics import Topic
+from services.collector import policy
+from services.collector.settings import CollectorSettings
+from services.collector.store import NodeStore, epoch_to_datetime
+from services.shared.deadletter import DeadLetterPolicy, classify, records_of
+from services.shared.errors import PermanentError
+from services.shared.messaging import EventBus, parse_event
+
+log = logging.getLogger("clusterwarden.collector")
+SOURCE = "collector"
+
+
+class Collector:
+    """Turns node reports into node state, samples and state transitions."""
+
+    def __init__(
+        self,
+        settings: CollectorSettings,
+        store: NodeStore,
+        bus: EventBus,
+        dead_letters: DeadLetterPolicy,
+        tracer: trace.Tracer,
+        meter: metrics.Meter,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.bus = bus
+        self.dead_letters = dead_letters
+        self.tracer = tracer
+        self.reports_counter = meter.create_counter(
+            "collector.reports", description="Node reports by outcome"
+        )
+
+    async def on_reports(self, bodies: list[bytes], msg: KafkaMessage) -> None:
+        """A batch of raw reports: each one is validated on its own, bad ones dead-lettered."""
+        now = now_utc()
+        usable: list[tuple[NodeReport, NodeStateName, float]] = []
+        for record in records_of(msg.raw_message):
+            try:
+                report = parse_event(
+                    NodeReport, record.value or b"", record.key, self.settings.max_message_bytes
+                )
+            except (PermanentError, ValidationError) as err:
+                _, reason, detail = classify(err)
+                await self.dead_letters.dead_letter(record, reason, detail)
+                self.reports_counter.add(1, {"outcome": "dead_letter", "reason": reason})
+                continue
+            verdict = policy.timestamp_verdict(
+                report.occurred_at, now, self.settings.future_skew_s, self.settings.stale_after_s
+            )
+            if verdict != "ok":
+                # Kept out of decisions: a skewed clock must never take a node offline.
+                log.warning("report %s from %s is %s; not used for decisions",
+                            report.event_id, report.node_id, verdict)
+                self.reports_counter.add(1, {"outcome": verdict})
+                continue
+            sample_util = policy.summarize(report, SOURCE, now).gpu_utilization_pct
+            usable.append((report, policy.state_from_mode(report.mode), sample_util))
+        if not usable:
+            return
+        applied = await self.store.apply_reports(usable)
+        samples: list[Sample] = []
+        transitions: list[NodeState] = []
+        for (report, state, _), result in zip(usable, applied, strict=True):
+            self.reports_counter.add(1, {"outcome": result.outcome})
+            if result.outcome == "old":
+                continue  # an older report than one already applied: not used for decisions
+            samples.append(policy.summarize(report, SOURCE, now))
+            if result.previous != state:
+                transitions.append(
+                    NodeState(
+                        event_id=policy.derived_id("state", report.event_id),
+                        source=SOURCE,
+                        occurred_at=now,
+                        cluster_id=report.cluster_id,
+                        subject=report.node_id,
+                        correlation_id=str(report.event_id),
+                        node_id=report.node_id,
+                        pool=report.pool,
+                        state=state,
+                        previous=result.previous,
+                        reason=f"report mode {report.mode}",
+                        last_report_at=report.occurred_at,
+                    )
+                )
+        await self.bus.publish_many(Topic.OPS_SAMPLES, samples)
+        await self.bus.publish_many(Topic.OPS_NODE_STATE, transitions)
+
+    async def sweep_heartbeats(self) -> None:
+        """Nodes that stopped reporting become `suspect`, then `down` after the grace period."""
+        interval = self.settings.sweep_interval_s
+        if not await self.store.try_lock_sweep("heartbeat", interval * 0.9):
+            return  # another collector instance sweeps this tick
+        now = now_utc()
+        with self.tracer.start_as_current_span("collector.sweep_heartbeats"):
+            for cluster in await self.store.clusters():
+                # The shortest suspect threshold any node could have (interval >= 0.1 s).
+                candidates = await self.store.silent_nodes(cluster, now - timedelta(seconds=0.1))
+                changes: list[NodeState] = []
+                for row in candidates:
+                    last = epoch_to_datetime(row.last_report_at)
+                    state = policy.heartbeat_state(
+                        (now - last).total_seconds(), row.interval_s,
+                        self.settings.suspect_after_intervals, self.settings.down_after_s,
+                    )
+                    if state == "up" or row.state not in policy.HEARTBEAT_TRACKED_STATES:
+                        continue
+                    previous = await self.store.mark_silent(
+                        cluster, row, state, policy.HEARTBEAT_TRACKED_STATES
+                    )
+                    if previous is None:
+                        continue
+                    changes.append(
+                        NodeState(
+                            event_id=policy.derived_id("silent", cluster, row.node_id,
+                                                       row.last_report_at, state),
+                            source=SOURCE,
+                            occurred_at=now,
+                            cluster_id=cluster,
+                            subject=row.node_id,
+                            node_id=row.node_id,
+                            pool=row.pool,
+                            state=state,
+                            previous=previous,
+                            reason=f"no report for {(now - last).total_seconds():.1f}s",
+                            last_report_at=last,
+                        )
+                    )
+                await self.bus.publish_many(Topic.OPS_NODE_STATE, changes)

@@ -1,0 +1,83 @@
+"""Pure collector decisions: which reports are usable, and what a node's state is."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+from uuid import NAMESPACE_URL, UUID, uuid5
+
+from schemas.events.v1 import NodeMode, NodeReport, NodeStateName, Sample
+
+TimestampVerdict = Literal["ok", "future", "stale"]
+
+_IDS = uuid5(NAMESPACE_URL, "clusterwarden/collector")
+
+
+def derived_id(kind: str, *parts: object) -> UUID:
+    """A deterministic event id, so a redelivered report yields the same events (deduped)."""
+    return uuid5(_IDS, ":".join([kind, *map(str, parts)]))
+
+
+def timestamp_verdict(
+    occurred_at: datetime, now: datetime, future_skew_s: float, stale_after_s: float
+) -> TimestampVerdict:
+    """Reports from the future (clock skew) or too old are not used for decisions."""
+    age = (now - occurred_at).total_seconds()
+    if age < -future_skew_s:
+        return "future"
+    if age > stale_after_s:
+        return "stale"
+    return "ok"
+
+
+def state_from_mode(mode: NodeMode) -> NodeStateName:
+    """The node state a report implies: a reporting node is up unless it drained itself."""
+    return {"active": "up", "draining": "draining", "offline": "offline"}[mode]
+
+
+def heartbeat_state(
+    seconds_since_report: float, interval_s: float, suspect_after_intervals: float,
+    down_after_s: float,
+) -> NodeStateName:
+    """`suspect` after one missed interval, `down` after the grace period."""
+    if seconds_since_report >= down_after_s:
+        return "down"
+    if seconds_since_report >= interval_s * suspect_after_intervals:
+        return "suspect"
+    return "up"
+
+
+# A node an operator or a task took out stays out until it is brought back; silence from a
+# node that is already offline is not news.
+HEARTBEAT_TRACKED_STATES: frozenset[str] = frozenset({"up", "suspect", "draining"})
+
+
+def summarize(report: NodeReport, source: str, now: datetime) -> Sample:
+    """A report reduced to what analysis needs."""
+    gpus = report.gpus
+    util = sum(g.utilization_pct for g in gpus) / len(gpus) if gpus else 0.0
+    mem = (
+        100.0 * sum(g.memory_used_mib for g in gpus) / total
+        if (total := sum(g.memory_total_mib for g in gpus))
+        else 0.0
+    )
+    return Sample(
+        event_id=derived_id("sample", report.event_id),
+        source=source,
+        occurred_at=now,
+        cluster_id=report.cluster_id,
+        subject=report.node_id,
+        correlation_id=str(report.event_id),
+        node_id=report.node_id,
+        pool=report.pool,
+        seq=report.seq,
+        reported_at=report.occurred_at,
+        report_event_id=report.event_id,
+        mode=report.mode,
+        gpu_count=len(gpus),
+        gpu_utilization_pct=round(util, 3),
+        gpu_memory_pct=round(min(mem, 100.0), 3),
+        fault_count=len(report.faults),
+        faults=list(report.faults),
+        gpu_source=report.gpu_source,
+    )

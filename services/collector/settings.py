@@ -1,0 +1,19 @@
+"""Collector settings (env prefix COLLECTOR_)."""
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from services.shared.settings import ServiceSettings
+
+
+class CollectorSettings(ServiceSettings):
+    """How reports are batched, which timestamps are usable, and when a silent node is down."""
+
+    model_config = SettingsConfigDict(env_prefix="COLLECTOR_", extra="ignore", frozen=True)
+
+    batch_max_records: int = Field(default=500, ge=1, le=10_000)
+    future_skew_s: float = Field(default=30.0, ge=0.0, description="Later than now + this: skewed.")
+    stale_after_s: float = Field(default=600.0, gt=0.0, description="Older than this: stale.")
+    suspect_after_intervals: float = Field(default=1.5, gt=1.0)
+    down_after_s: float = Field(default=30.0, gt=0.0, description="Heartbeat grace period.")
+    sweep_interval_s: float = Field(default=1.0, gt=0.0)

@@ -1,0 +1,1 @@
+"""Executor: runs each task as a durable workflow of signed commands to agents."""

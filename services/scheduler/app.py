@@ -1,0 +1,40 @@
+"""Scheduler wiring: `faststream run services.scheduler.app:create_app --factory`."""
+
+from __future__ import annotations
+
+from faststream import FastStream
+
+from schemas.events.v1 import OpsTask
+from schemas.topics import Topic, topic_name
+from services.scheduler.handlers import Scheduler
+from services.scheduler.queue import TaskQueue
+from services.scheduler.settings import SchedulerSettings
+from services.shared.messaging import (
+    EventBus,
+    consumer_options,
+    group_name,
+    make_broker,
+    strict_decoder,
+)
+from services.shared.redis_client import Keys, connect_redis
+from services.shared.runtime import build_app
+from services.shared.telemetry import setup_telemetry
+
+
+def create_app(settings: SchedulerSettings | None = None) -> FastStream:
+    settings = settings or SchedulerSettings()
+    telemetry = setup_telemetry("scheduler")
+    broker, _ = make_broker(settings, "scheduler", telemetry)
+    redis = connect_redis(settings.redis_url)
+    scheduler = Scheduler(settings, TaskQueue(redis, Keys(settings.namespace)),
+                          EventBus(broker, settings.namespace))
+    broker.subscriber(
+        topic_name(Topic.OPS_TASKS, settings.namespace),
+        decoder=strict_decoder(OpsTask, settings.max_message_bytes),
+        **consumer_options(group_name(settings, "scheduler")),
+    )(scheduler.on_task)
+    return build_app(
+        broker, settings,
+        loops=[("dispatcher", settings.dispatch_interval_s, scheduler.dispatch)],
+        closers=[redis.aclose],
+    )

@@ -1,0 +1,138 @@
+"""A Redis priority queue with leases: a claimed task whose dispatcher dies is requeued.
+
+Claiming takes the task's per-target locks in the same atomic step, so a task is only ever
+dispatched while it holds every lock it names (one disruptive action per node).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from schemas.events.v1 import OpsTask
+from services.shared.redis_client import Keys
+
+ENQUEUE = """
+if redis.call('SADD', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
+redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[5], ARGV[1], ARGV[4])
+redis.call('HSET', KEYS[6], ARGV[1], ARGV[5])
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+return 1
+"""
+
+# Lock keys are derived from the task's mutex list (stored beside it), so they cannot all be
+# declared in KEYS; this needs a single Redis (or hash-tagged keys in a cluster).
+CLAIM = """
+local ids = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[5]) - 1)
+for _, id in ipairs(ids) do
+  local mutex = redis.call('HGET', KEYS[4], id) or ''
+  local free = true
+  for key in string.gmatch(mutex, '%S+') do
+    local owner = redis.call('GET', ARGV[4] .. key)
+    if owner and owner ~= id then free = false break end
+  end
+  if free then
+    local ttl = redis.call('HGET', KEYS[5], id) or ARGV[3]
+    for key in string.gmatch(mutex, '%S+') do
+      redis.call('SET', ARGV[4] .. key, id, 'PX', ttl)
+    end
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('ZADD', KEYS[2], tonumber(ARGV[1]) + tonumber(ARGV[2]), id)
+    return {id, redis.call('HGET', KEYS[3], id)}
+  end
+end
+return false
+"""
+
+REAP = """
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, 100)
+for _, id in ipairs(ids) do
+  redis.call('ZREM', KEYS[1], id)
+  redis.call('ZADD', KEYS[2], redis.call('HGET', KEYS[3], id) or 0, id)
+end
+return #ids
+"""
+
+RELEASE_LOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A task taken from the queue under a lease, its locks held."""
+
+    task: OpsTask
+
+
+class TaskQueue:
+    """The scheduler's queue; every operation is one atomic script."""
+
+    def __init__(self, redis: Redis, keys: Keys) -> None:
+        self.redis = redis
+        self.keys = keys
+        self._enqueue = redis.register_script(ENQUEUE)
+        self._claim = redis.register_script(CLAIM)
+        self._reap = redis.register_script(REAP)
+
+    def _mutex_hash(self) -> str:
+        return self.keys.queue_items() + ":mutex"
+
+    def _ttl_hash(self) -> str:
+        return self.keys.queue_items() + ":lockttl"
+
+    async def enqueue(self, task: OpsTask, score: int, lock_ttl_s: float) -> bool:
+        """Queue a task once; a redelivered task is not queued again. True if new."""
+        new = await self._enqueue(
+            keys=[self.keys.queue_known(), self.keys.queue_ready(), self.keys.queue_items(),
+                  self.keys.queue_scores(), self._mutex_hash(), self._ttl_hash()],
+            args=[str(task.task_id), score, task.model_dump_json(), " ".join(task.mutex_keys),
+                  int(lock_ttl_s * 1000)],
+        )
+        return bool(new)
+
+    async def claim(self, now_ms: int, lease_ms: int, scan_limit: int) -> Claimed | None:
+        """The most urgent queued task whose locks are free, now leased and locked."""
+        row = await self._claim(
+            keys=[self.keys.queue_ready(), self.keys.queue_inflight(), self.keys.queue_items(),
+                  self._mutex_hash(), self._ttl_hash()],
+            args=[now_ms, lease_ms, 3_600_000, self.keys.lock(""), scan_limit],
+        )
+        if not row:
+            return None
+        return Claimed(OpsTask.model_validate_json(row[1]))
+
+    async def ack(self, task_id: str) -> None:
+        """The task was dispatched: forget it (its locks stay until the executor releases them)."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.zrem(self.keys.queue_inflight(), task_id)
+            pipe.hdel(self.keys.queue_items(), task_id)
+            pipe.hdel(self.keys.queue_scores(), task_id)
+            pipe.hdel(self._mutex_hash(), task_id)
+            pipe.hdel(self._ttl_hash(), task_id)
+            await pipe.execute()
+
+    async def reap(self, now_ms: int) -> int:
+        """Requeue tasks whose lease ran out (their dispatcher died)."""
+        return int(await self._reap(
+            keys=[self.keys.queue_inflight(), self.keys.queue_ready(), self.keys.queue_scores()],
+            args=[now_ms],
+        ))
+
+    async def next_epoch(self) -> int:
+        """A fencing token: every dispatch gets a larger one than any before it."""
+        return int(await self.redis.incr(self.keys.epoch()))
+
+    async def depth(self) -> int:
+        return int(await self.redis.zcard(self.keys.queue_ready()))
+
+
+async def release_locks(redis: Redis, keys: Keys, task_id: str, mutex_keys: list[str]) -> None:
+    """Release the locks a task holds (only those it still owns)."""
+    script = redis.register_script(RELEASE_LOCK)
+    for key in mutex_keys:
+        await script(keys=[keys.lock(key)], args=[task_id])

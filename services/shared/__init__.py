@@ -1,0 +1,1 @@
+"""Boring plumbing shared by every service: settings, broker, dead letters, telemetry, Redis."""

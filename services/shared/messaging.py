@@ -1,0 +1,189 @@
+"""The broker factory and the safe messaging defaults every service uses.
+
+* Producers are idempotent (`enable_idempotence=True`, which implies `acks=all`); aiokafka's
+  defaults are `acks=1` without idempotence.
+* Consumers start from the earliest offset (the aiokafka default `latest` makes a new group
+  skip history) and commit only after processing (`AckPolicy.NACK_ON_ERROR`), with the
+  dead-letter middleware deciding what a failure means.
+* Every message is validated strictly from its bytes (`model_validate_json`), after a size
+  check, ignoring the producer's content-type; the Kafka key must equal the event subject.
+* Topics are created explicitly (brokers run with auto-creation off).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+from faststream import AckPolicy
+from faststream.kafka import KafkaBroker
+from faststream.kafka.opentelemetry import KafkaTelemetryMiddleware
+from faststream.message import StreamMessage
+
+from schemas.envelope import Envelope
+from schemas.topics import PARTITIONS, Topic, dead_letter_name, topic_name
+from services.shared.deadletter import DeadLetterPolicy
+from services.shared.errors import PermanentError
+from services.shared.settings import ServiceSettings
+from services.shared.telemetry import Telemetry
+
+log = logging.getLogger("clusterwarden.messaging")
+
+E = TypeVar("E", bound=Envelope)
+
+
+def consumer_options(group: str) -> dict[str, Any]:
+    """Subscriber keyword arguments for at-least-once processing in consumer group `group`."""
+    return {
+        "group_id": group,
+        "auto_offset_reset": "earliest",
+        "ack_policy": AckPolicy.NACK_ON_ERROR,
+        "session_timeout_ms": 10_000,
+        "heartbeat_interval_ms": 3_000,
+    }
+
+
+def check_size(body: bytes, limit: int) -> None:
+    """Reject a message before parsing if it is larger than `limit` bytes."""
+    if len(body) > limit:
+        raise PermanentError("oversize", f"{len(body)} bytes > limit {limit}")
+
+
+def parse_event(model: type[E], body: bytes, key: bytes | None, limit: int) -> E:
+    """Validate one message strictly; raises PermanentError (or ValidationError) if it is bad."""
+    check_size(body, limit)
+    try:
+        event = model.model_validate_json(body)
+    except RecursionError as err:  # pydantic reports deep nesting itself; belt and braces
+        raise PermanentError("json_invalid", "nesting too deep") from err
+    if key is not None and key.decode("utf-8", "replace") != event.subject:
+        raise PermanentError("key_mismatch", f"key {key!r} != subject {event.subject!r}")
+    return event
+
+
+def strict_decoder(model: type[E], limit: int) -> Callable[[StreamMessage[Any]], Awaitable[E]]:
+    """A FastStream decoder that turns the raw bytes into `model`, or raises."""
+
+    async def decode(msg: StreamMessage[Any]) -> E:
+        raw = msg.raw_message
+        key = getattr(raw, "key", None)
+        return parse_event(model, msg.body, key, limit)
+
+    return decode
+
+
+class EventBus:
+    """Publishes events as strict JSON on namespaced topics, keyed by subject."""
+
+    def __init__(self, broker: KafkaBroker, namespace: str) -> None:
+        self.broker = broker
+        self.namespace = namespace
+
+    def name(self, topic: Topic) -> str:
+        return topic_name(topic, self.namespace)
+
+    async def publish(self, topic: Topic, event: Envelope) -> None:
+        """Publish and wait for the broker's acknowledgement."""
+        await self.broker.publish(
+            event.model_dump_json().encode(),
+            topic=self.name(topic),
+            key=event.subject.encode(),
+            headers=_headers(event),
+        )
+
+    async def publish_many(self, topic: Topic, events: Iterable[Envelope]) -> int:
+        """Publish many events pipelined (the producer batches them), then await every ack."""
+        pending = [
+            await self.broker.publish(
+                event.model_dump_json().encode(),
+                topic=self.name(topic),
+                key=event.subject.encode(),
+                headers=_headers(event),
+                no_confirm=True,
+            )
+            for event in events
+        ]
+        await asyncio.gather(*pending)
+        return len(pending)
+
+
+def _headers(event: Envelope) -> dict[str, str]:
+    return {"content-type": "application/json", "event-type": event.event_type}
+
+
+def make_broker(
+    settings: ServiceSettings, service: str, telemetry: Telemetry
+) -> tuple[KafkaBroker, DeadLetterPolicy]:
+    """A Kafka broker with idempotent producers, tracing and the dead-letter middleware."""
+    holder: dict[str, KafkaBroker] = {}
+
+    async def publish_dead_letter(topic: str, key: bytes | None, value: bytes,
+                                  headers: dict[str, str]) -> None:
+        await holder["broker"].publish(value, topic=topic, key=key, headers=headers)
+
+    policy = DeadLetterPolicy(group=group_name(settings, service), publish=publish_dead_letter)
+    broker = KafkaBroker(
+        settings.kafka_bootstrap_servers,
+        client_id=f"warden-{service}",
+        enable_idempotence=True,
+        acks="all",
+        allow_auto_create_topics=False,
+        request_timeout_ms=15_000,
+        graceful_timeout=10.0,
+        middlewares=[
+            KafkaTelemetryMiddleware(
+                tracer_provider=telemetry.tracer_provider,
+                meter_provider=telemetry.meter_provider,
+            ),
+            policy,
+        ],
+    )
+    holder["broker"] = broker
+    return broker, policy
+
+
+def group_name(settings: ServiceSettings, service: str) -> str:
+    """The consumer group of a service (namespaced, so test runs never share offsets)."""
+    return f"{settings.namespace}.{service}" if settings.namespace else f"warden.{service}"
+
+
+def all_topic_names(namespace: str) -> dict[str, int]:
+    """Every topic of the loop and its dead-letter topic, with partition counts."""
+    names: dict[str, int] = {}
+    for topic in Topic:
+        wire = topic_name(topic, namespace)
+        names[wire] = PARTITIONS[topic]
+        names[dead_letter_name(wire)] = 1
+    return names
+
+
+async def ensure_topics(bootstrap: str, namespace: str, attempts: int = 30) -> None:
+    """Create every topic of `namespace` if missing (idempotent; retries while Kafka starts)."""
+    wanted = all_topic_names(namespace)
+    for attempt in range(attempts):
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+        try:
+            await admin.start()
+            existing = set(await admin.list_topics())
+            missing = [
+                NewTopic(name, num_partitions=parts, replication_factor=1)
+                for name, parts in wanted.items()
+                if name not in existing
+            ]
+            if missing:
+                # Another service may have created them first.
+                with contextlib.suppress(TopicAlreadyExistsError):
+                    await admin.create_topics(missing)
+            return
+        except Exception as err:
+            if attempt == attempts - 1:
+                raise
+            log.info("waiting for Kafka to create topics: %r", err)
+            await asyncio.sleep(1.0)
+        finally:
+            await admin.close()

@@ -1,0 +1,78 @@
+"""Redis connections with bounded timeouts, and namespaced keys."""
+
+from __future__ import annotations
+
+from redis.asyncio import Redis
+
+
+def connect_redis(url: str) -> Redis:
+    """A client whose calls fail within 5 s, so a dead Redis fails closed instead of hanging."""
+    return Redis.from_url(
+        url,
+        socket_timeout=5.0,
+        socket_connect_timeout=5.0,
+        health_check_interval=15,
+        decode_responses=False,
+    )
+
+
+class Keys:
+    """Every Redis key of the control plane, in one place, prefixed by the namespace."""
+
+    def __init__(self, namespace: str) -> None:
+        self.prefix = f"cw:{namespace}:" if namespace else "cw:"
+
+    def dedupe(self, consumer: str, event_id: str) -> str:
+        return f"{self.prefix}dedupe:{consumer}:{event_id}"
+
+    def node(self, cluster: str, node: str) -> str:
+        return f"{self.prefix}node:{cluster}:{node}"
+
+    def last_seen(self, cluster: str) -> str:
+        """ZSET node -> last report time (epoch seconds), for heartbeat detection."""
+        return f"{self.prefix}lastseen:{cluster}"
+
+    def clusters(self) -> str:
+        return f"{self.prefix}clusters"
+
+    def open_need(self, cluster: str, kind: str, target: str) -> str:
+        return f"{self.prefix}need:{cluster}:{kind}:{target}"
+
+    def queue_ready(self) -> str:
+        return f"{self.prefix}queue:ready"
+
+    def queue_inflight(self) -> str:
+        return f"{self.prefix}queue:inflight"
+
+    def queue_items(self) -> str:
+        """HASH task id -> the task's JSON, kept until the task is acked."""
+        return f"{self.prefix}queue:items"
+
+    def queue_scores(self) -> str:
+        return f"{self.prefix}queue:scores"
+
+    def queue_known(self) -> str:
+        """SET of every task id ever enqueued, so a redelivered task is not queued twice."""
+        return f"{self.prefix}queue:known"
+
+    def lock(self, mutex_key: str) -> str:
+        return f"{self.prefix}lock:{mutex_key}"
+
+    def epoch(self) -> str:
+        return f"{self.prefix}epoch"
+
+    def workflow(self, task_id: str) -> str:
+        return f"{self.prefix}wf:{task_id}"
+
+    def command_index(self, command_id: str) -> str:
+        return f"{self.prefix}cmd:{command_id}"
+
+    def command_seq(self, node: str) -> str:
+        return f"{self.prefix}cmdseq:{node}"
+
+    def workflow_deadlines(self) -> str:
+        """ZSET task id -> deadline of its running step."""
+        return f"{self.prefix}wf:deadlines"
+
+    def sweep_lock(self, name: str) -> str:
+        return f"{self.prefix}sweep:{name}"

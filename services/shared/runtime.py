@@ -1,0 +1,73 @@
+"""Service lifecycle: topics first, then the broker, then background loops; the reverse on stop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+
+from faststream import FastStream
+from faststream.kafka import KafkaBroker
+
+from services.shared.messaging import ensure_topics
+from services.shared.settings import ServiceSettings
+from services.shared.telemetry import shutdown_telemetry
+
+log = logging.getLogger("clusterwarden.runtime")
+
+Tick = Callable[[], Awaitable[None]]
+
+
+async def run_every(interval_s: float, tick: Tick, name: str) -> None:
+    """Call `tick` every `interval_s`; a failing tick is logged and retried next time.
+
+    A tick that cannot reach Redis fails, so it does nothing that round: fail closed.
+    """
+    while True:
+        try:
+            await tick()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("%s tick failed", name)
+        await asyncio.sleep(interval_s)
+
+
+def build_app(
+    broker: KafkaBroker,
+    settings: ServiceSettings,
+    *,
+    loops: Sequence[tuple[str, float, Tick]] = (),
+    closers: Sequence[Callable[[], Awaitable[None]]] = (),
+) -> FastStream:
+    """A FastStream app that creates its topics, runs `loops` (name, interval, tick) and closes."""
+    tasks: list[asyncio.Task[None]] = []
+
+    async def create_topics() -> None:
+        await ensure_topics(settings.kafka_bootstrap_servers, settings.namespace)
+
+    async def start_loops() -> None:
+        for name, interval, tick in loops:
+            tasks.append(asyncio.create_task(run_every(interval, tick, name), name=name))
+
+    async def stop_loops() -> None:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        tasks.clear()
+
+    async def close() -> None:
+        for closer in closers:
+            await closer()
+        shutdown_telemetry()
+
+    return FastStream(
+        broker,
+        on_startup=[create_topics],
+        after_startup=[start_loops],
+        on_shutdown=[stop_loops],
+        after_shutdown=[close],
+    )

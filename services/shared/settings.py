@@ -1,0 +1,41 @@
+"""Settings every service shares; each service subclasses with its own env prefix."""
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ServiceSettings(BaseSettings):
+    """Connection and namespace settings, read from the environment."""
+
+    model_config = SettingsConfigDict(extra="ignore", frozen=True)
+
+    kafka_bootstrap_servers: str = Field(
+        default="127.0.0.1:19092",
+        validation_alias=AliasChoices("KAFKA_BOOTSTRAP_SERVERS", "kafka_bootstrap_servers"),
+    )
+    redis_url: str = Field(
+        default="redis://127.0.0.1:16379/0",
+        validation_alias=AliasChoices("REDIS_URL", "redis_url"),
+    )
+    namespace: str = Field(
+        default="",
+        pattern=r"^[A-Za-z0-9_-]{0,64}$",
+        validation_alias=AliasChoices("WARDEN_NAMESPACE", "namespace"),
+        description="Prefix of every topic and Redis key; one per test run or deployment.",
+    )
+    cluster_id: str = Field(
+        default="local",
+        pattern=r"^[A-Za-z0-9_.-]{1,128}$",
+        validation_alias=AliasChoices("WARDEN_CLUSTER_ID", "cluster_id"),
+    )
+    max_message_bytes: int = Field(
+        default=65_536,
+        ge=1_024,
+        le=1_048_576,
+        validation_alias=AliasChoices("WARDEN_MAX_MESSAGE_BYTES", "max_message_bytes"),
+        description="Larger messages are dead-lettered before parsing.",
+    )
+    state_dir: str = Field(
+        default=".state",
+        validation_alias=AliasChoices("WARDEN_STATE_DIR", "state_dir"),
+    )

@@ -1,0 +1,1 @@
+"""Templater: maps each ops need to a task made from a template."""

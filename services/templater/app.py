@@ -1,0 +1,38 @@
+"""Templater wiring: `faststream run services.templater.app:create_app --factory`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from faststream import FastStream
+
+from schemas.events.v1 import OpsNeed
+from schemas.topics import Topic, topic_name
+from services.shared.messaging import (
+    EventBus,
+    consumer_options,
+    group_name,
+    make_broker,
+    strict_decoder,
+)
+from services.shared.runtime import build_app
+from services.shared.telemetry import setup_telemetry
+from services.templater.handlers import Templater
+from services.templater.settings import TemplaterSettings
+from services.templater.templates import TEMPLATE_DIR, load_templates
+
+
+def create_app(settings: TemplaterSettings | None = None) -> FastStream:
+    settings = settings or TemplaterSettings()
+    telemetry = setup_telemetry("templater")
+    broker, _ = make_broker(settings, "templater", telemetry)
+    # Loaded at start: a broken template stops the service with the file and field named.
+    templates = load_templates(Path(settings.template_dir) if settings.template_dir
+                               else TEMPLATE_DIR)
+    templater = Templater(templates, EventBus(broker, settings.namespace), settings.dry_run)
+    broker.subscriber(
+        topic_name(Topic.OPS_NEEDS, settings.namespace),
+        decoder=strict_decoder(OpsNeed, settings.max_message_bytes),
+        **consumer_options(group_name(settings, "templater")),
+    )(templater.on_need)
+    return build_app(broker, settings)

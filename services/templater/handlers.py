@@ -1,0 +1,46 @@
+"""Templater handler: need in, task (and its `created` event) out."""
+
+from __future__ import annotations
+
+import logging
+from uuid import NAMESPACE_URL, uuid5
+
+from schemas.events.v1 import NeedKind, OpsNeed, TaskEvent, now_utc
+from schemas.topics import Topic
+from services.shared.errors import PermanentError
+from services.shared.messaging import EventBus
+from services.templater.templates import Template, plan
+
+log = logging.getLogger("clusterwarden.templater")
+SOURCE = "templater"
+_IDS = uuid5(NAMESPACE_URL, "clusterwarden/task-events")
+
+
+class Templater:
+    """Makes one task per need from the template registered for the need's kind."""
+
+    def __init__(self, templates: dict[NeedKind, Template], bus: EventBus, dry_run: bool) -> None:
+        self.templates = templates
+        self.bus = bus
+        self.dry_run = dry_run
+
+    async def on_need(self, need: OpsNeed) -> None:
+        template = self.templates.get(need.kind)
+        if template is None:
+            raise PermanentError("unknown_template", f"no template serves need {need.kind!r}")
+        now = now_utc()
+        task = plan(template, need, now, SOURCE, dry_run=self.dry_run)
+        # `created` first: the task store must know a task before any later transition.
+        await self.bus.publish(
+            Topic.OPS_TASK_EVENTS,
+            TaskEvent(
+                event_id=uuid5(_IDS, f"{task.task_id}:created"),
+                source=SOURCE, occurred_at=now, cluster_id=task.cluster_id,
+                subject=str(task.task_id), correlation_id=str(need.event_id),
+                task_id=task.task_id, state="created", actor=SOURCE,
+                reason=f"need {need.kind} for {need.target} via template {task.template}",
+                task=task,
+            ),
+        )
+        await self.bus.publish(Topic.OPS_TASKS, task)
+        log.info("task %s (%s) for %s", task.task_id, task.template, task.target)
