@@ -325,7 +325,7 @@ cmd_start() {
     # fd 9 (the lock) is closed for the broker, or it would hold the lock for as long as it runs.
     # Heap is fixed small: a dev broker holding a few test topics does not need Kafka's 1 GB default.
     nohup java -Xms512m -Xmx512m -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
-        -Djava.awt.headless=true \
+        -Djava.awt.headless=true -Dlog4j2.shutdownHookEnabled=false \
         -Dlog4j2.configurationFile="${LOG4J_PROPS}" \
         -Dkafka.logs.dir="${LOGS_DIR}" \
         -cp "${LIBS_DIR}/*" kafka.Kafka "${SERVER_PROPS}" \
@@ -384,9 +384,9 @@ cmd_status() {
 take_lock() {
     command -v flock >/dev/null 2>&1 || return 0
     mkdir -p "${STATE_DIR}"
-    exec 9>"${STATE_DIR}/.lock"
+    exec 9>"${STATE_DIR}/kafka.sh.lock"
     flock -w $(( READY_TIMEOUT_S + STOP_TIMEOUT_S )) 9 \
-        || die "another kafka.sh is still holding ${STATE_DIR}/.lock"
+        || die "another kafka.sh is still holding ${STATE_DIR}/kafka.sh.lock"
 }
 
 cmd_reset() {

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Awaitable, Callable, Sequence
 
 from faststream import FastStream
@@ -15,6 +16,16 @@ from services.shared.settings import ServiceSettings
 from services.shared.telemetry import shutdown_telemetry
 
 log = logging.getLogger("clusterwarden.runtime")
+
+
+def configure_logging() -> None:
+    """Readable INFO logs from ClusterWarden's own loggers (FastStream configures its own)."""
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(
+            level=os.getenv("WARDEN_LOG_LEVEL", "INFO"),
+            format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        )
 
 Tick = Callable[[], Awaitable[None]]
 
@@ -42,6 +53,7 @@ def build_app(
     closers: Sequence[Callable[[], Awaitable[None]]] = (),
 ) -> FastStream:
     """A FastStream app that creates its topics, runs `loops` (name, interval, tick) and closes."""
+    configure_logging()
     tasks: list[asyncio.Task[None]] = []
 
     async def create_topics() -> None:

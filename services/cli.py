@@ -1,0 +1,240 @@
+"""`warden`: run the control plane, a local fleet, and watch what it does."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from aiokafka import AIOKafkaConsumer
+
+from schemas.catalog import TOPIC_MODELS
+from schemas.events.v1 import NodeState, OpsNeed, TaskEvent
+from schemas.topics import Topic, topic_name
+from services import launcher
+from services.shared.messaging import ensure_topics
+from services.shared.settings import ServiceSettings
+from services.shared.signing import ensure_keypair
+
+app = typer.Typer(help="ClusterWarden: keeps an ML cluster healthy, balanced and right-sized.",
+                  no_args_is_help=True)
+fleet_app = typer.Typer(help="A local fleet of agent processes.", no_args_is_help=True)
+app.add_typer(fleet_app, name="fleet")
+
+WATCHED = (Topic.OPS_NODE_STATE, Topic.OPS_NEEDS, Topic.OPS_TASK_EVENTS)
+
+
+def _settings() -> ServiceSettings:
+    return ServiceSettings()
+
+
+def _state_dir(settings: ServiceSettings) -> Path:
+    return Path(settings.state_dir).resolve()
+
+
+def _service_env(settings: ServiceSettings) -> dict[str, str]:
+    return {
+        "KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap_servers,
+        "REDIS_URL": settings.redis_url,
+        "WARDEN_NAMESPACE": settings.namespace,
+        "WARDEN_CLUSTER_ID": settings.cluster_id,
+        "WARDEN_STATE_DIR": str(_state_dir(settings)),
+    }
+
+
+@app.command()
+def keys() -> None:
+    """Create the command-signing key pair in the state folder (if missing)."""
+    private, public = ensure_keypair(_state_dir(_settings()) / "keys")
+    typer.echo(f"private key: {private}\npublic key:  {public}")
+
+
+@app.command()
+def topics() -> None:
+    """Create every topic (and dead-letter topic) of the namespace."""
+    settings = _settings()
+    asyncio.run(ensure_topics(settings.kafka_bootstrap_servers, settings.namespace))
+    typer.echo("topics ready")
+
+
+def describe(topic: Topic, body: bytes) -> str:
+    """One readable line for an event on a watched topic."""
+    event = TOPIC_MODELS[topic].model_validate_json(body)
+    stamp = event.occurred_at.strftime("%H:%M:%S")
+    if isinstance(event, NodeState):
+        return (f"{stamp} node   {event.node_id:<10} {event.previous or '-'} -> {event.state}"
+                f"  ({event.reason})")
+    if isinstance(event, OpsNeed):
+        ev = event.evidence[0]
+        return (f"{stamp} need   {event.kind:<8} {event.target:<10} {ev.metric}={ev.value:g} "
+                f"outside [{ev.range_low:g}, {ev.range_high:g}] {ev.detail}")
+    if isinstance(event, TaskEvent):
+        step = ""
+        if event.step_index is not None:
+            step = f" step {event.step_index} {event.step_state}"
+        return f"{stamp} task   {str(event.task_id)[:8]}  {event.state}{step}  {event.reason}"
+    return f"{stamp} {event.event_type}"
+
+
+async def watch(settings: ServiceSettings, until_task_state: str | None = None,
+                timeout_s: float | None = None) -> int:
+    """Print node states, needs and task events as they happen; returns 0 on `until` state."""
+    names = {topic_name(t, settings.namespace): t for t in WATCHED}
+    consumer = AIOKafkaConsumer(*names, bootstrap_servers=settings.kafka_bootstrap_servers,
+                                auto_offset_reset="latest", enable_auto_commit=False)
+    await consumer.start()
+    deadline = time.monotonic() + timeout_s if timeout_s else None
+    try:
+        while deadline is None or time.monotonic() < deadline:
+            batches = await consumer.getmany(timeout_ms=500)
+            for records in batches.values():
+                for record in records:
+                    topic = names[record.topic]
+                    try:
+                        typer.echo(describe(topic, record.value or b""))
+                    except ValueError as err:
+                        typer.echo(f"(unreadable event on {record.topic}: {err})")
+                        continue
+                    if until_task_state and topic is Topic.OPS_TASK_EVENTS:
+                        event = json.loads(record.value or b"{}")
+                        if event.get("state") == until_task_state:
+                            return 0
+        return 1
+    finally:
+        await consumer.stop()
+
+
+@app.command()
+def events() -> None:
+    """Follow node states, needs and task transitions (Ctrl-C to stop)."""
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(watch(_settings()))
+
+
+@app.command()
+def up() -> None:
+    """Run every control-plane service, each in its own process, until Ctrl-C."""
+    settings = _settings()
+    asyncio.run(ensure_topics(settings.kafka_bootstrap_servers, settings.namespace))
+    services = launcher.start_services(_state_dir(settings), _service_env(settings))
+    typer.echo("services: " + ", ".join(f"{s.name} (pid {s.process.pid})" for s in services))
+    try:
+        while not launcher.dead_services(services):
+            time.sleep(1.0)
+        for svc in launcher.dead_services(services):
+            typer.echo(f"{svc.name} exited ({svc.process.returncode}); see {svc.log_path}")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        launcher.stop_services(services)
+
+
+@fleet_app.command("up")
+def fleet_up(
+    nodes: Annotated[int, typer.Option(min=1, max=500)] = 3,
+    gpus: Annotated[int, typer.Option(min=0, max=64)] = 2,
+    interval: Annotated[float, typer.Option(help="Report interval in seconds.")] = 2.0,
+) -> None:
+    """Start NODES local agent processes."""
+    from agent import fleet
+
+    settings = _settings()
+    state = _state_dir(settings)
+    _, public = ensure_keypair(state / "keys")
+    agents = fleet.fleet_up(nodes, gpus, settings.cluster_id, settings.namespace, state,
+                            _service_env(settings), [public], interval)
+    typer.echo(f"started {len(agents)} agents: " + ", ".join(a.node_id for a in agents))
+
+
+@fleet_app.command("down")
+def fleet_down() -> None:
+    """Stop every local agent."""
+    from agent import fleet
+
+    fleet.fleet_down(_state_dir(_settings()))
+    typer.echo("fleet stopped")
+
+
+@fleet_app.command("fault")
+def fleet_fault(
+    node: str,
+    xid: Annotated[list[int] | None, typer.Option(help="Inject a GPU XID event.")] = None,
+    ecc: Annotated[int, typer.Option(help="Uncorrected ECC errors.")] = 0,
+    hung_job: Annotated[bool, typer.Option(help="Report a hung job.")] = False,
+    silent: Annotated[bool, typer.Option(help="Stop reporting (heartbeat stops).")] = False,
+) -> None:
+    """Inject a fault on one agent."""
+    from agent import fleet
+
+    fleet.inject_fault(_state_dir(_settings()), node, xid=list(xid or []), ecc_uncorrected=ecc,
+                       hung_job=hung_job, silent=silent)
+    typer.echo(f"fault injected on {node}")
+
+
+@fleet_app.command("clear")
+def fleet_clear(node: str) -> None:
+    """Clear injected faults on one agent."""
+    from agent import fleet
+
+    fleet.clear_faults(_state_dir(_settings()), node)
+    typer.echo(f"faults cleared on {node}")
+
+
+@fleet_app.command("kill")
+def fleet_kill(node: str) -> None:
+    """SIGKILL one agent (a dead node)."""
+    from agent import fleet
+
+    fleet.kill_agent(_state_dir(_settings()), node)
+    typer.echo(f"killed {node}")
+
+
+@app.command()
+def demo(
+    nodes: Annotated[int, typer.Option(min=1, max=50)] = 3,
+    fault_after: Annotated[float, typer.Option(help="Seconds before the fault.")] = 12.0,
+) -> None:
+    """Services plus a local fleet; a GPU fault on one agent becomes a succeeded offline task."""
+    from agent import fleet
+
+    settings = _settings()
+    state = _state_dir(settings)
+    env = _service_env(settings)
+    asyncio.run(ensure_topics(settings.kafka_bootstrap_servers, settings.namespace))
+    _, public = ensure_keypair(state / "keys")
+    services = launcher.start_services(state, env)
+    agents = fleet.fleet_up(nodes, 2, settings.cluster_id, settings.namespace, state, env,
+                            [public], 2.0)
+    typer.echo(f"services and {len(agents)} agents running; logs in {state / 'logs'}")
+    victim = agents[min(1, len(agents) - 1)].node_id
+
+    async def show() -> None:
+        watcher = asyncio.create_task(watch(settings))
+        await asyncio.sleep(fault_after)
+        typer.echo(f"--- injecting GPU XID 79 (fallen off the bus) on {victim} ---")
+        fleet.inject_fault(state, victim, xid=[79])
+        await watcher
+
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        asyncio.run(show())
+    except KeyboardInterrupt:
+        typer.echo("stopping")
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not stop the cleanup
+        fleet.fleet_down(state)
+        launcher.stop_services(services)
+        signal.signal(signal.SIGINT, previous)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""Helpers for integration tests: real service processes and a tap on real topics."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import ConsumerRecord
+
+from schemas.topics import Topic, topic_name
+from services import launcher
+from services.shared.messaging import ensure_topics
+
+Record = ConsumerRecord[bytes, bytes]
+
+
+@dataclass
+class Tap:
+    """Reads topics from the beginning and keeps every record, for assertions."""
+
+    consumer: AIOKafkaConsumer
+    records: list[Record] = field(default_factory=list)
+
+    async def wait_for(self, predicate: Callable[[Record], bool], timeout_s: float,
+                       what: str) -> Record:
+        deadline = time.monotonic() + timeout_s
+        seen = 0
+        while True:
+            for record in self.records[seen:]:
+                if predicate(record):
+                    return record
+            seen = len(self.records)
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+            batches = await self.consumer.getmany(timeout_ms=250)
+            for recs in batches.values():
+                self.records.extend(recs)
+
+
+@asynccontextmanager
+async def tap(bootstrap: str, *topics: str) -> AsyncIterator[Tap]:
+    consumer = AIOKafkaConsumer(*topics, bootstrap_servers=bootstrap,
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    try:
+        yield Tap(consumer)
+    finally:
+        await consumer.stop()
+
+
+@asynccontextmanager
+async def producer(bootstrap: str) -> AsyncIterator[AIOKafkaProducer]:
+    prod = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, acks="all")
+    await prod.start()
+    try:
+        yield prod
+    finally:
+        await prod.stop()
+
+
+def stack_env(bootstrap: str, redis_url: str, namespace: str, state_dir: Path,
+              **extra: str) -> dict[str, str]:
+    return {
+        "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "REDIS_URL": redis_url,
+        "WARDEN_NAMESPACE": namespace,
+        "WARDEN_CLUSTER_ID": "itest",
+        "WARDEN_STATE_DIR": str(state_dir),
+        **extra,
+    }
+
+
+@asynccontextmanager
+async def services(env: dict[str, str], state_dir: Path,
+                   names: tuple[str, ...] = launcher.SERVICES) -> AsyncIterator[
+                       list[launcher.ServiceProcess]]:
+    """Run services as real processes; print their logs if the test fails."""
+    await ensure_topics(env["KAFKA_BOOTSTRAP_SERVERS"], env["WARDEN_NAMESPACE"])
+    running = launcher.start_services(state_dir, env, names)
+    failed = True
+    try:
+        yield running
+        failed = False
+    finally:
+        launcher.stop_services(running)
+        if failed:
+            for svc in running:
+                text = svc.log_path.read_text(errors="replace")
+                print(f"----- {svc.name} log (last 60 lines) -----")
+                print("\n".join(text.splitlines()[-60:]))
+
+
+def name(topic: Topic, namespace: str) -> str:
+    return topic_name(topic, namespace)
+
+
+async def until(check: Callable[[], object], timeout_s: float, what: str) -> None:
+    """Poll an async-or-sync check until it returns truthy."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = check()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")

@@ -1,0 +1,94 @@
+"""Bad input on the real broker: every bad report lands in the dead-letter topic with the
+reason, and the collector keeps running and processes the next good report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from uuid import uuid4
+
+import pytest
+from redis.asyncio import Redis
+
+from schemas.events.v1 import NodeReport, now_utc
+from schemas.topics import Topic, dead_letter_name
+from services.shared.redis_client import Keys
+from tests.contracts.examples import examples
+from tests.integration.harness import name, producer, services, stack_env, tap
+
+pytestmark = pytest.mark.integration
+
+
+def fresh_report(node: str = "node-002") -> NodeReport:
+    golden = examples()["node_report"]
+    return golden.model_copy(update={  # type: ignore[return-value]
+        "event_id": uuid4(), "occurred_at": now_utc(), "cluster_id": "itest",
+        "node_id": node, "subject": node, "seq": 1,
+    })
+
+
+def mutated(**changes: object) -> bytes:
+    data = json.loads(fresh_report().model_dump_json()) | changes
+    return json.dumps(data).encode()
+
+
+def gpu_mutated(**changes: object) -> bytes:
+    data = json.loads(fresh_report().model_dump_json())
+    data["gpus"][0].update(changes)
+    return json.dumps(data).encode().replace(b'"__NAN__"', b"NaN")
+
+
+BAD_REPORTS: list[tuple[str, bytes, str]] = [
+    ("broken json", b'{"event_id": "abc', "json_invalid"),
+    ("not utf-8", b"\xff\xfe\xfa", "json_invalid"),
+    ("wrong type", gpu_mutated(utilization_pct="high"), "float_type"),
+    ("NaN", gpu_mutated(utilization_pct="__NAN__"), "finite_number"),
+    ("unknown field", mutated(cmd="rm -rf /"), "extra_forbidden"),
+    ("unknown schema version", mutated(schema_version=99), "unsupported_version"),
+    ("over the size limit", b'{"pad": "' + b"x" * 70_000 + b'"}', "oversize"),
+    ("deep nesting", b"[" * 30_000 + b"]" * 30_000, "json_invalid"),
+]
+
+
+async def test_bad_reports_are_dead_lettered_and_the_next_good_one_is_processed(
+    kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    env = stack_env(kafka_bootstrap, redis_url, namespace, tmp_path)
+    reports_topic = name(Topic.NODE_REPORTS, namespace)
+    good = fresh_report()
+    async with services(env, tmp_path, ("collector",)):
+        async with producer(kafka_bootstrap) as prod:
+            sent = []
+            for _, body, _ in BAD_REPORTS:
+                sent.append(await prod.send_and_wait(reports_topic, body, key=b"node-002",
+                                                     partition=0))
+            mismatch = await prod.send_and_wait(
+                reports_topic, good.model_dump_json().encode(), key=b"node-001", partition=0)
+            await prod.send_and_wait(reports_topic, good.model_dump_json().encode(),
+                                     key=b"node-002", partition=0)
+
+        async with tap(kafka_bootstrap, dead_letter_name(reports_topic)) as dlt:
+            for i in range(len(BAD_REPORTS) + 1):
+                await dlt.wait_for(lambda _, n=i: len(dlt.records) > n, 90, f"dead letter {i}")
+        by_offset = {int(dict(r.headers)["dlt-original-offset"]): r for r in dlt.records}
+        for (label, body, reason), meta in zip(BAD_REPORTS, sent, strict=True):
+            record = by_offset[meta.offset]
+            headers = {k: v.decode() for k, v in record.headers}
+            assert headers["dlt-reason"] == reason, label
+            assert headers["dlt-original-topic"] == reports_topic
+            assert headers["dlt-original-partition"] == "0"
+            assert headers["dlt-error"], label
+            assert record.value == body, label  # the original bytes, for replay
+        mismatch_headers = {k: v.decode() for k, v in by_offset[mismatch.offset].headers}
+        assert mismatch_headers["dlt-reason"] == "key_mismatch"
+
+        # The collector survived all of it and processed the good report behind them.
+        async with tap(kafka_bootstrap, name(Topic.OPS_SAMPLES, namespace)) as samples:
+            record = await samples.wait_for(lambda r: r.key == b"node-002", 60, "a sample")
+        assert json.loads(record.value)["report_event_id"] == str(good.event_id)
+        redis = Redis.from_url(redis_url)
+        try:
+            node = await redis.hgetall(Keys(namespace).node("itest", "node-002"))
+        finally:
+            await redis.aclose()
+        assert node[b"last_event_id"].decode() == str(good.event_id)

@@ -1,0 +1,150 @@
+"""Table tests of the pure policies: collector, needs, templates, scheduling, dead letters."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from uuid import uuid4
+
+import pytest
+from aiokafka.errors import KafkaConnectionError
+from pydantic import ValidationError
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from schemas.events.v1 import Fault, OpsNeed
+from services.analyzer.needs import REGISTRY, enabled
+from services.analyzer.needs.offline import Args, detect
+from services.analyzer.observation import NodeObservation
+from services.collector import policy as collector
+from services.scheduler import policy as scheduler
+from services.shared.deadletter import classify
+from services.shared.errors import PermanentError, TransientError
+from services.templater.templates import TemplateError, load_template, load_templates, plan
+from tests.contracts.examples import examples
+
+NOW = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("age_s", "verdict"),
+    [(0, "ok"), (-29, "ok"), (-31, "future"), (599, "ok"), (601, "stale")],
+)
+def test_timestamp_verdict(age_s: float, verdict: str) -> None:
+    at = NOW - timedelta(seconds=age_s)
+    assert collector.timestamp_verdict(at, NOW, 30.0, 600.0) == verdict
+
+
+@pytest.mark.parametrize(
+    ("silent_s", "state"), [(1.0, "up"), (3.0, "suspect"), (29.9, "suspect"), (30.0, "down")]
+)
+def test_heartbeat_state(silent_s: float, state: str) -> None:
+    assert collector.heartbeat_state(silent_s, 2.0, 1.5, 30.0) == state
+
+
+def test_summary_of_a_report() -> None:
+    report = examples()["node_report"]
+    sample = collector.summarize(report, "collector", NOW)  # type: ignore[arg-type]
+    assert sample.fault_count == 1
+    assert sample.gpu_utilization_pct == 71.5
+    assert sample.report_event_id == report.event_id
+    # Deterministic id: a redelivered report yields the same sample.
+    assert sample.event_id == collector.summarize(report, "collector", NOW).event_id  # type: ignore[arg-type]
+
+
+def obs(state: str = "up", faults: int = 1, run: int = 2) -> NodeObservation:
+    return NodeObservation(
+        cluster_id="local", node_id="node-002", pool="default", state=state,  # type: ignore[arg-type]
+        fault_count=faults, faults=tuple(Fault(kind="xid", code=79) for _ in range(faults)),
+        consecutive_faulty=run, observed_at=NOW, source_event_id=uuid4(),
+        reason="no report for 31s" if state == "down" else "",
+    )
+
+
+@pytest.mark.parametrize(
+    ("observation", "raised"),
+    [
+        (obs(faults=0, run=0), False),
+        (obs(faults=1, run=1), False),  # one bad report is never enough
+        (obs(faults=1, run=2), True),
+        (obs(state="draining", faults=1, run=5), False),  # already leaving service
+        (obs(state="offline", faults=1, run=5), False),
+        (obs(state="down", faults=0, run=0), True),  # heartbeat missed beyond the grace
+    ],
+)
+def test_offline_need(observation: NodeObservation, raised: bool) -> None:
+    needs = detect(observation, Args(), NOW, "analyzer")
+    assert bool(needs) is raised
+    if needs:
+        assert needs[0].kind == "offline"
+        assert needs[0].target == "node-002"
+        assert needs[0].evidence[0].source_event_id == observation.source_event_id
+
+
+def test_fault_range_is_an_argument() -> None:
+    assert detect(obs(faults=2, run=3), Args(fault_max=2), NOW, "analyzer") == []
+    assert detect(obs(faults=3, run=3), Args(fault_max=2), NOW, "analyzer")
+
+
+def test_need_registry_is_explicit() -> None:
+    assert [m.name for m in REGISTRY] == ["offline"]
+    with pytest.raises(ValueError, match="unknown needs"):
+        enabled(["offline", "teleport"])
+
+
+def need() -> OpsNeed:
+    return examples()["ops_need"]  # type: ignore[return-value]
+
+
+def test_offline_template_plans_drain_then_offline() -> None:
+    template = load_templates()["offline"]
+    task = plan(template, need(), NOW, "templater")
+    assert [s.action.action for s in task.steps] == ["drain_node", "offline_node"]
+    assert all(s.action.node_id == "node-002" for s in task.steps)
+    assert task.mutex_keys == ["node.node-002"]
+    assert task.evidence == need().evidence
+    # The same need always makes the same task (idempotent under redelivery).
+    assert plan(template, need(), NOW + timedelta(seconds=5), "templater").task_id == task.task_id
+
+
+def test_bad_template_names_file_and_field(tmp_path: Path) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: broken\nversion: 1\nneed: offline\ndescription: x\npriority: 12\n"
+                    "mutex: ['node.{target}']\nsteps:\n  - name: a\n    action: exec_shell\n")
+    with pytest.raises(TemplateError) as err:
+        load_template(path)
+    assert "broken.yaml" in str(err.value)
+    assert "priority" in str(err.value)
+    assert "steps.0.action" in str(err.value)
+
+
+def test_queue_score_orders_by_priority_then_age() -> None:
+    task = examples()["ops_task"]
+    urgent = task.model_copy(update={"priority": 0})
+    later = task.model_copy(update={"occurred_at": task.occurred_at + timedelta(seconds=1)})
+    assert scheduler.queue_score(urgent) < scheduler.queue_score(task)  # type: ignore[arg-type]
+    assert scheduler.queue_score(task) < scheduler.queue_score(later)  # type: ignore[arg-type]
+
+
+def test_lock_ttl_covers_the_worst_case_run() -> None:
+    task = examples()["ops_task"]
+    assert scheduler.lock_ttl_s(task, 600.0) == 2 * 60.0 * 3 + 600.0  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("error", "disposition", "reason"),
+    [
+        (PermanentError("unknown_node", "node-9"), "dead_letter", "unknown_node"),
+        (TransientError("busy"), "dead_letter", "retries_exhausted"),
+        (RedisConnectionError("refused"), "wait", "infrastructure_unavailable"),
+        (KafkaConnectionError("down"), "wait", "infrastructure_unavailable"),
+        (ZeroDivisionError("bug"), "dead_letter", "unhandled_error"),
+    ],
+)
+def test_failure_classification(error: Exception, disposition: str, reason: str) -> None:
+    assert classify(error)[:2] == (disposition, reason)
+
+
+def test_validation_errors_are_permanent() -> None:
+    with pytest.raises(ValidationError) as err:
+        OpsNeed.model_validate_json(b"{}")
+    assert classify(err.value)[0] == "dead_letter"
