@@ -1,12 +1,12 @@
 """The envelope every event carries, and the strict base configuration."""
 
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 from uuid import UUID
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1
 
 # Strict: unknown fields, NaN/inf and type coercions ("50" -> 50.0) are all rejected.
 # The pydantic defaults accept every one of them.

@@ -4,7 +4,7 @@
 #
 #   deploy/local/kafka.sh start    start (or confirm already running) and wait until it serves metadata
 #   deploy/local/kafka.sh stop     SIGTERM, wait up to 30 s for a clean shutdown, then SIGKILL
-#   deploy/local/kafka.sh status   exit 0 if running and answering, 1 otherwise
+#   deploy/local/kafka.sh status   exit 0 if running and accepting connections, 1 otherwise
 #   deploy/local/kafka.sh reset    stop and delete the data dir (the next start formats afresh)
 #
 # Environment:
@@ -21,6 +21,10 @@ KAFKA_HOST=127.0.0.1
 KAFKA_PORT="${KAFKA_PORT:-19092}"
 KAFKA_CONTROLLER_PORT="${KAFKA_CONTROLLER_PORT:-19093}"
 STATE_ROOT="${WARDEN_STATE_DIR:-${REPO_ROOT}/.state}"
+# Made absolute: the paths end up in generated config and in a daemon that may resolve them
+# against a different working directory than the caller's.
+mkdir -p "${STATE_ROOT}"
+STATE_ROOT="$(cd "${STATE_ROOT}" && pwd)"
 STATE_DIR="${STATE_ROOT}/kafka"
 DATA_DIR="${STATE_DIR}/data"
 LOGS_DIR="${STATE_DIR}/logs"
@@ -80,7 +84,12 @@ ensure_libs() {
     command -v mvn >/dev/null 2>&1 \
         || die "${LIBS_DIR} has no kafka_2.13-*.jar and mvn is not on PATH to fetch it; install Maven (apt-get install -y maven) or run: mvn -B -q -f ${POM} package"
     log "fetching Kafka jars with Maven (one-off) ..."
-    mvn -B -q -f "${POM}" package || die "mvn -B -q -f ${POM} package failed"
+    # Output goes to a file: even -B -q leaves stray ANSI resets on the terminal with Maven 3.8.
+    local mvn_log="${LOGS_DIR}/mvn.log"
+    if ! mvn -B -q -f "${POM}" package >"${mvn_log}" 2>&1; then
+        tail -n 40 "${mvn_log}" >&2
+        die "mvn -B -q -f ${POM} package failed (full output in ${mvn_log})"
+    fi
     have_kafka_jars || die "mvn succeeded but ${LIBS_DIR} still has no kafka_2.13-*.jar"
 }
 
@@ -275,9 +284,8 @@ wait_until_ready() {
             show_log_tail
             die "broker process ${pid} exited during start-up"
         fi
-        # The broker only opens its client listener once it has joined the quorum and been
-        # unfenced, so the cheap TCP probe filters out almost all not-yet-ready polls before
-        # paying for a Python interpreter.
+        # The cheap TCP probe (no fork of an interpreter) gates the metadata check, so Python
+        # only runs once the client listener is actually accepting connections.
         if port_open "${KAFKA_HOST}" "${KAFKA_PORT}" && broker_answers; then
             return 0
         fi
@@ -299,7 +307,8 @@ cmd_start() {
             log "already running (pid ${pid}) on ${KAFKA_HOST}:${KAFKA_PORT}"
             return 0
         fi
-        # Alive but not answering: most likely another `start` is still waiting for it.
+        # Ours but not answering: an earlier `start` was interrupted before the broker became
+        # ready, or it is still recovering its logs. Wait for it rather than start a second one.
         log "pid ${pid} is running but not answering yet; waiting for it"
         wait_until_ready "${pid}" "${started}"
         log "kafka ready on ${KAFKA_HOST}:${KAFKA_PORT} in $(elapsed_since "${started}") s"
@@ -324,8 +333,13 @@ cmd_start() {
     # nohup + redirected stdio so the broker outlives this shell and never writes to the terminal.
     # fd 9 (the lock) is closed for the broker, or it would hold the lock for as long as it runs.
     # Heap is fixed small: a dev broker holding a few test topics does not need Kafka's 1 GB default.
+    # log4j2's own shutdown hook races Kafka's: it stopped logging before Kafka had finished
+    # shutting down, so the last shutdown lines went to kafka.out as "Unable to register Log4j
+    # shutdown hook ... Using SimpleLogger". Without the hook logging lasts until the JVM exits;
+    # nothing is lost because the file appender flushes every line.
     nohup java -Xms512m -Xmx512m -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
-        -Djava.awt.headless=true -Dlog4j2.shutdownHookEnabled=false \
+        -Djava.awt.headless=true \
+        -Dlog4j2.shutdownHookEnabled=false \
         -Dlog4j2.configurationFile="${LOG4J_PROPS}" \
         -Dkafka.logs.dir="${LOGS_DIR}" \
         -cp "${LIBS_DIR}/*" kafka.Kafka "${SERVER_PROPS}" \

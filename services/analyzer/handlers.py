@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
-from schemas.events.v1 import NodeState, OpsNeed, Sample, now_utc
+from schemas.events.v1 import NodeMode, NodeState, NodeStateName, OpsNeed, Sample, now_utc
 from schemas.topics import Topic
 from services.analyzer.needs import NeedModule
 from services.analyzer.observation import NodeObservation
@@ -14,6 +15,11 @@ from services.shared.messaging import EventBus
 
 log = logging.getLogger("clusterwarden.analyzer")
 SOURCE = "analyzer"
+
+# The state a report implies: a reporting node is up unless it drained itself.
+_STATE_OF_MODE: Mapping[NodeMode, NodeStateName] = {
+    "active": "up", "draining": "draining", "offline": "offline",
+}
 
 
 class Analyzer:
@@ -30,11 +36,11 @@ class Analyzer:
         faulty = sample.fault_count > 0
         run = await self.store.count_faulty(sample.cluster_id, sample.node_id,
                                             str(sample.event_id), faulty)
-        state = {"active": "up", "draining": "draining", "offline": "offline"}[sample.mode]
+        state = _STATE_OF_MODE[sample.mode]
         await self.evaluate(
             NodeObservation(
                 cluster_id=sample.cluster_id, node_id=sample.node_id, pool=sample.pool,
-                state=state,  # type: ignore[arg-type]
+                state=state,
                 fault_count=sample.fault_count, faults=tuple(sample.faults),
                 consecutive_faulty=run, observed_at=sample.reported_at,
                 source_event_id=sample.report_event_id,

@@ -11,7 +11,7 @@ from schemas.topics import Topic, topic_name
 from services.collector.handlers import Collector
 from services.collector.settings import CollectorSettings
 from services.collector.store import NodeStore
-from services.shared.messaging import EventBus, consumer_options, group_name, make_broker
+from services.shared.messaging import BulkPublisher, consumer_options, group_name, make_broker
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import build_app
 from services.shared.telemetry import setup_telemetry
@@ -27,12 +27,15 @@ def create_app(settings: CollectorSettings | None = None) -> FastStream:
     telemetry = setup_telemetry("collector")
     broker, dead_letters = make_broker(settings, "collector", telemetry)
     redis = connect_redis(settings.redis_url)
+    tracer = telemetry.tracer("clusterwarden.collector")
+    bulk = BulkPublisher(settings.kafka_bootstrap_servers, settings.namespace,
+                         "warden-collector-bulk", tracer)
     collector = Collector(
         settings,
         NodeStore(redis, Keys(settings.namespace)),
-        EventBus(broker, settings.namespace),
+        bulk,
         dead_letters,
-        telemetry.tracer("clusterwarden.collector"),
+        tracer,
         telemetry.meter("clusterwarden.collector"),
     )
     broker.subscriber(
@@ -46,5 +49,6 @@ def create_app(settings: CollectorSettings | None = None) -> FastStream:
         broker,
         settings,
         loops=[("heartbeat-sweep", settings.sweep_interval_s, collector.sweep_heartbeats)],
-        closers=[redis.aclose],
+        starters=[bulk.start],
+        closers=[bulk.stop, redis.aclose],
     )

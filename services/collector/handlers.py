@@ -16,7 +16,7 @@ from services.collector.settings import CollectorSettings
 from services.collector.store import NodeStore, epoch_to_datetime
 from services.shared.deadletter import DeadLetterPolicy, classify, records_of
 from services.shared.errors import PermanentError
-from services.shared.messaging import EventBus, parse_event
+from services.shared.messaging import BulkPublisher, parse_event
 
 log = logging.getLogger("clusterwarden.collector")
 SOURCE = "collector"
@@ -29,7 +29,7 @@ class Collector:
         self,
         settings: CollectorSettings,
         store: NodeStore,
-        bus: EventBus,
+        bus: BulkPublisher,
         dead_letters: DeadLetterPolicy,
         tracer: trace.Tracer,
         meter: metrics.Meter,
@@ -47,6 +47,7 @@ class Collector:
         """A batch of raw reports: each one is validated on its own, bad ones dead-lettered."""
         now = now_utc()
         usable: list[tuple[NodeReport, NodeStateName, float]] = []
+        summaries: list[Sample] = []
         for record in records_of(msg.raw_message):
             try:
                 report = parse_event(
@@ -66,18 +67,20 @@ class Collector:
                             report.event_id, report.node_id, verdict)
                 self.reports_counter.add(1, {"outcome": verdict})
                 continue
-            sample_util = policy.summarize(report, SOURCE, now).gpu_utilization_pct
-            usable.append((report, policy.state_from_mode(report.mode), sample_util))
+            summary = policy.summarize(report, SOURCE, now)
+            summaries.append(summary)
+            usable.append((report, policy.state_from_mode(report.mode),
+                           summary.gpu_utilization_pct))
         if not usable:
             return
         applied = await self.store.apply_reports(usable)
         samples: list[Sample] = []
         transitions: list[NodeState] = []
-        for (report, state, _), result in zip(usable, applied, strict=True):
+        for (report, state, _), summary, result in zip(usable, summaries, applied, strict=True):
             self.reports_counter.add(1, {"outcome": result.outcome})
             if result.outcome == "old":
                 continue  # an older report than one already applied: not used for decisions
-            samples.append(policy.summarize(report, SOURCE, now))
+            samples.append(summary)
             if result.previous != state:
                 transitions.append(
                     NodeState(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Literal
 from uuid import NAMESPACE_URL, UUID, uuid5
@@ -30,9 +31,14 @@ def timestamp_verdict(
     return "ok"
 
 
+_STATE_OF_MODE: Mapping[NodeMode, NodeStateName] = {
+    "active": "up", "draining": "draining", "offline": "offline",
+}
+
+
 def state_from_mode(mode: NodeMode) -> NodeStateName:
     """The node state a report implies: a reporting node is up unless it drained itself."""
-    return {"active": "up", "draining": "draining", "offline": "offline"}[mode]
+    return _STATE_OF_MODE[mode]
 
 
 def heartbeat_state(
@@ -53,7 +59,12 @@ HEARTBEAT_TRACKED_STATES: frozenset[str] = frozenset({"up", "suspect", "draining
 
 
 def summarize(report: NodeReport, source: str, now: datetime) -> Sample:
-    """A report reduced to what analysis needs."""
+    """A report reduced to what analysis needs.
+
+    Built without re-validation: every field comes from an already validated report, and
+    validating again would cost about 30 us per report on the 5,000 reports/s path. The
+    unit tests check that the result validates.
+    """
     gpus = report.gpus
     util = sum(g.utilization_pct for g in gpus) / len(gpus) if gpus else 0.0
     mem = (
@@ -61,7 +72,7 @@ def summarize(report: NodeReport, source: str, now: datetime) -> Sample:
         if (total := sum(g.memory_total_mib for g in gpus))
         else 0.0
     )
-    return Sample(
+    return Sample.model_construct(
         event_id=derived_id("sample", report.event_id),
         source=source,
         occurred_at=now,
@@ -80,4 +91,6 @@ def summarize(report: NodeReport, source: str, now: datetime) -> Sample:
         fault_count=len(report.faults),
         faults=list(report.faults),
         gpu_source=report.gpu_source,
+        event_type="sample",
+        schema_version=1,
     )

@@ -14,7 +14,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from schemas.events.v1 import OpsTask
-from services.shared.redis_client import Keys
+from services.shared.redis_client import Keys, members, text
 
 # Creates the workflow, or takes it over under a newer epoch. Returns 'new', 'takeover'
 # or 'stale' (an epoch no newer than the one already running).
@@ -102,7 +102,7 @@ class Journal:
         raw = await self.redis.hgetall(self.keys.workflow(task_id))
         if not raw or b"task" not in raw:
             return None
-        row = {k.decode(): v.decode() for k, v in raw.items()}
+        row = {text(k): text(v) for k, v in raw.items()}
         return Workflow(
             task=OpsTask.model_validate_json(row["task"]),
             epoch=int(row["epoch"]),
@@ -138,11 +138,12 @@ class Journal:
 
     async def task_of_command(self, command_id: str) -> str | None:
         value = await self.redis.get(self.keys.command_index(command_id))
-        return value.decode() if value else None
+        return text(value) if value else None
 
     async def overdue(self, now_ms: int) -> list[str]:
-        ids = await self.redis.zrangebyscore(self.keys.workflow_deadlines(), "-inf", now_ms)
-        return [i.decode() for i in ids]
+        return members(
+            await self.redis.zrangebyscore(self.keys.workflow_deadlines(), "-inf", now_ms)
+        )
 
     async def next_command_seq(self, node_id: str) -> int:
         """Per-node command sequence: agents refuse a command not newer than the last."""

@@ -15,15 +15,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
+from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 from faststream import AckPolicy
 from faststream.kafka import KafkaBroker
 from faststream.kafka.opentelemetry import KafkaTelemetryMiddleware
 from faststream.message import StreamMessage
+from opentelemetry import trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from schemas.envelope import Envelope
 from schemas.topics import PARTITIONS, Topic, dead_letter_name, topic_name
@@ -109,6 +112,69 @@ class EventBus:
             for event in events
         ]
         await asyncio.gather(*pending)
+        return len(pending)
+
+
+class BulkPublisher:
+    """Publishes many events straight through an idempotent aiokafka producer.
+
+    For the high-volume path (a sample per report, 5,000/s): FastStream's publish wraps every
+    message in middlewares and a span, about three times the cost of a plain producer send.
+    Here one span covers the whole batch and its W3C trace context goes into every message's
+    headers, so consumers still continue the trace.
+    """
+
+    def __init__(self, bootstrap: str, namespace: str, client_id: str,
+                 tracer: trace.Tracer) -> None:
+        self.namespace = namespace
+        self.tracer = tracer
+        self._options: dict[str, Any] = {
+            "bootstrap_servers": bootstrap, "client_id": client_id, "enable_idempotence": True,
+            "acks": "all", "linger_ms": 5, "request_timeout_ms": 15_000,
+        }
+        self._producer: AIOKafkaProducer | None = None
+        self._propagator = TraceContextTextMapPropagator()
+
+    async def start(self) -> None:
+        # Made here, not in __init__: an aiokafka producer must be created inside the loop.
+        self._producer = AIOKafkaProducer(**self._options)
+        await self._producer.start()
+
+    async def stop(self) -> None:
+        if self._producer is not None:
+            await self._producer.stop()
+            self._producer = None
+
+    @property
+    def producer(self) -> AIOKafkaProducer:
+        if self._producer is None:
+            raise RuntimeError("BulkPublisher.start() was not awaited")
+        return self._producer
+
+    async def publish_many(self, topic: Topic, events: Sequence[Envelope]) -> int:
+        """Send every event (pipelined), then await every acknowledgement."""
+        if not events:
+            return 0
+        wire = topic_name(topic, self.namespace)
+        with self.tracer.start_as_current_span(
+            f"{wire} publish", kind=trace.SpanKind.PRODUCER,
+            attributes={"messaging.system": "kafka", "messaging.destination.name": wire,
+                        "messaging.batch.message_count": len(events)},
+        ):
+            carrier: dict[str, str] = {}
+            self._propagator.inject(carrier)
+            context_headers = [(k, v.encode()) for k, v in carrier.items()]
+            pending = [
+                await self.producer.send(
+                    wire,
+                    event.model_dump_json().encode(),
+                    key=event.subject.encode(),
+                    headers=[*context_headers,
+                             *((k, v.encode()) for k, v in _headers(event).items())],
+                )
+                for event in events
+            ]
+            await asyncio.gather(*pending)
         return len(pending)
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from redis.asyncio import Redis
+from redis.typing import ZSetRangeResponse
 
 
 def connect_redis(url: str) -> Redis:
@@ -14,6 +17,20 @@ def connect_redis(url: str) -> Redis:
         health_check_interval=15,
         decode_responses=False,
     )
+
+
+def text(value: bytes | str) -> str:
+    """A reply as text: redis-py types replies `bytes | str`, and `connect_redis` asks for bytes."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def members(reply: ZSetRangeResponse) -> list[str]:
+    """The members of a sorted-set range read without scores, as text.
+
+    redis-py types every range reply as if it might carry scores; without `withscores` it is a
+    flat list of members.
+    """
+    return [text(member) for member in cast(list[bytes | str], reply)]
 
 
 class Keys:

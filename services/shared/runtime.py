@@ -50,14 +50,17 @@ def build_app(
     settings: ServiceSettings,
     *,
     loops: Sequence[tuple[str, float, Tick]] = (),
+    starters: Sequence[Callable[[], Awaitable[None]]] = (),
     closers: Sequence[Callable[[], Awaitable[None]]] = (),
 ) -> FastStream:
-    """A FastStream app that creates its topics, runs `loops` (name, interval, tick) and closes."""
+    """An app that creates its topics, runs `starters`, the broker, `loops`, then `closers`."""
     configure_logging()
     tasks: list[asyncio.Task[None]] = []
 
     async def create_topics() -> None:
         await ensure_topics(settings.kafka_bootstrap_servers, settings.namespace)
+        for starter in starters:
+            await starter()
 
     async def start_loops() -> None:
         for name, interval, tick in loops:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TypedDict, TypeVar
 from uuid import UUID
 
 from schemas.envelope import Envelope
@@ -43,7 +44,17 @@ def _uuid(n: int) -> UUID:
     return UUID(int=n, version=4)
 
 
-def envelope(n: int, source: str, subject: str) -> dict[str, object]:
+class EnvelopeFields(TypedDict):
+    """The envelope fields every example spells out (the rest take their defaults)."""
+
+    event_id: UUID
+    source: str
+    occurred_at: datetime
+    cluster_id: str
+    subject: str
+
+
+def envelope(n: int, source: str, subject: str) -> EnvelopeFields:
     return {"event_id": _uuid(n), "source": source, "occurred_at": T0, "cluster_id": "local",
             "subject": subject}
 
@@ -108,6 +119,17 @@ def examples() -> dict[str, Envelope]:
                        kind="breaker_open", dedup_key="breaker.local.offline",
                        message="3 failed offline adjustments in the window"),
     }
+
+
+E = TypeVar("E", bound=Envelope)
+
+
+def example(name: str, model: type[E]) -> E:
+    """One example, typed as the model it is an instance of."""
+    event = examples()[name]
+    if not isinstance(event, model):
+        raise TypeError(f"example {name!r} is a {type(event).__name__}, not a {model.__name__}")
+    return event
 
 
 def write_goldens() -> None:

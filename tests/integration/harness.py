@@ -4,19 +4,38 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.structs import ConsumerRecord
 
 from schemas.topics import Topic, topic_name
 from services import launcher
 from services.shared.messaging import ensure_topics
 
-Record = ConsumerRecord[bytes, bytes]
+
+class Record(Protocol):
+    """What the tests read of an aiokafka `ConsumerRecord[bytes, bytes]`.
+
+    aiokafka ships no type information, so this spells it out. Every event on the control
+    plane's topics has a body (nothing publishes tombstones), hence `value` is bytes.
+    """
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def value(self) -> bytes: ...
+    @property
+    def headers(self) -> Sequence[tuple[str, bytes]]: ...
 
 
 @dataclass

@@ -4,6 +4,7 @@ reason, and the collector keeps running and processes the next good report."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from uuid import uuid4
 
@@ -12,16 +13,16 @@ from redis.asyncio import Redis
 
 from schemas.events.v1 import NodeReport, now_utc
 from schemas.topics import Topic, dead_letter_name
-from services.shared.redis_client import Keys
-from tests.contracts.examples import examples
-from tests.integration.harness import name, producer, services, stack_env, tap
+from services.shared.redis_client import Keys, text
+from tests.contracts.examples import example
+from tests.integration.harness import Record, Tap, name, producer, services, stack_env, tap
 
 pytestmark = pytest.mark.integration
 
 
 def fresh_report(node: str = "node-002") -> NodeReport:
-    golden = examples()["node_report"]
-    return golden.model_copy(update={  # type: ignore[return-value]
+    golden = example("node_report", NodeReport)
+    return golden.model_copy(update={
         "event_id": uuid4(), "occurred_at": now_utc(), "cluster_id": "itest",
         "node_id": node, "subject": node, "seq": 1,
     })
@@ -36,6 +37,13 @@ def gpu_mutated(**changes: object) -> bytes:
     data = json.loads(fresh_report().model_dump_json())
     data["gpus"][0].update(changes)
     return json.dumps(data).encode().replace(b'"__NAN__"', b"NaN")
+
+
+def holds_more_than(tap: Tap, count: int) -> Callable[[Record], bool]:
+    """True once `tap` has received more than `count` records."""
+    def check(_: Record) -> bool:
+        return len(tap.records) > count
+    return check
 
 
 BAD_REPORTS: list[tuple[str, bytes, str]] = [
@@ -69,7 +77,7 @@ async def test_bad_reports_are_dead_lettered_and_the_next_good_one_is_processed(
 
         async with tap(kafka_bootstrap, dead_letter_name(reports_topic)) as dlt:
             for i in range(len(BAD_REPORTS) + 1):
-                await dlt.wait_for(lambda _, n=i: len(dlt.records) > n, 90, f"dead letter {i}")
+                await dlt.wait_for(holds_more_than(dlt, i), 90, f"dead letter {i}")
         by_offset = {int(dict(r.headers)["dlt-original-offset"]): r for r in dlt.records}
         for (label, body, reason), meta in zip(BAD_REPORTS, sent, strict=True):
             record = by_offset[meta.offset]
@@ -91,4 +99,4 @@ async def test_bad_reports_are_dead_lettered_and_the_next_good_one_is_processed(
             node = await redis.hgetall(Keys(namespace).node("itest", "node-002"))
         finally:
             await redis.aclose()
-        assert node[b"last_event_id"].decode() == str(good.event_id)
+        assert text(node[b"last_event_id"]) == str(good.event_id)

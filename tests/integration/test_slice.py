@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,9 +28,16 @@ def task_events_for(events: Tap, target: str) -> list[TaskEvent]:
     return [e for e in parsed if e.task_id in task_ids]
 
 
-def is_success_of(events: Tap, target: str) -> object:
+def is_success_of(events: Tap, target: str) -> Callable[[Record], bool]:
     def check(record: Record) -> bool:
         return any(e.state == "succeeded" for e in task_events_for(events, target))
+    return check
+
+
+def is_up(node: str) -> Callable[[Record], bool]:
+    """True for a node-state record saying `node` is up."""
+    def check(record: Record) -> bool:
+        return record.key == node.encode() and b'"state":"up"' in record.value
     return check
 
 
@@ -46,13 +54,11 @@ async def test_a_gpu_fault_and_a_stopped_heartbeat_each_become_a_succeeded_offli
                            name(Topic.OPS_NODE_STATE, namespace)) as watch:
                 # Every agent is seen up before anything goes wrong.
                 for node in ("node-001", "node-002", "node-003"):
-                    await watch.wait_for(
-                        lambda r, n=node: r.key == n.encode() and b'"state":"up"' in r.value,
-                        120, f"{node} up")
+                    await watch.wait_for(is_up(node), 120, f"{node} up")
 
                 fault_at = time.monotonic()
                 fleet.inject_fault(tmp_path, "node-002", xid=[79])
-                await watch.wait_for(is_success_of(watch, "node-002"), 120,  # type: ignore[arg-type]
+                await watch.wait_for(is_success_of(watch, "node-002"), 120,
                                      "the offline task for node-002 to succeed")
                 fault_to_success = time.monotonic() - fault_at
 
@@ -60,7 +66,7 @@ async def test_a_gpu_fault_and_a_stopped_heartbeat_each_become_a_succeeded_offli
                 await watch.wait_for(
                     lambda r: r.key == b"node-003" and b'"state":"down"' in r.value, 60,
                     "node-003 down after its heartbeat stopped")
-                await watch.wait_for(is_success_of(watch, "node-003"), 120,  # type: ignore[arg-type]
+                await watch.wait_for(is_success_of(watch, "node-003"), 120,
                                      "the offline task for node-003 to succeed")
 
                 # The healthy node was left alone.

@@ -11,7 +11,7 @@ from aiokafka.errors import KafkaConnectionError
 from pydantic import ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from schemas.events.v1 import Fault, OpsNeed
+from schemas.events.v1 import Fault, NodeReport, NodeStateName, OpsNeed, OpsTask, Sample
 from services.analyzer.needs import REGISTRY, enabled
 from services.analyzer.needs.offline import Args, detect
 from services.analyzer.observation import NodeObservation
@@ -20,7 +20,7 @@ from services.scheduler import policy as scheduler
 from services.shared.deadletter import classify
 from services.shared.errors import PermanentError, TransientError
 from services.templater.templates import TemplateError, load_template, load_templates, plan
-from tests.contracts.examples import examples
+from tests.contracts.examples import example
 
 NOW = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
 
@@ -42,18 +42,20 @@ def test_heartbeat_state(silent_s: float, state: str) -> None:
 
 
 def test_summary_of_a_report() -> None:
-    report = examples()["node_report"]
-    sample = collector.summarize(report, "collector", NOW)  # type: ignore[arg-type]
+    report = example("node_report", NodeReport)
+    sample = collector.summarize(report, "collector", NOW)
     assert sample.fault_count == 1
     assert sample.gpu_utilization_pct == 71.5
     assert sample.report_event_id == report.event_id
+    # Built without validation for speed, so prove it would validate, field for field.
+    assert Sample.model_validate_json(sample.model_dump_json()) == sample
     # Deterministic id: a redelivered report yields the same sample.
-    assert sample.event_id == collector.summarize(report, "collector", NOW).event_id  # type: ignore[arg-type]
+    assert sample.event_id == collector.summarize(report, "collector", NOW).event_id
 
 
-def obs(state: str = "up", faults: int = 1, run: int = 2) -> NodeObservation:
+def obs(state: NodeStateName = "up", faults: int = 1, run: int = 2) -> NodeObservation:
     return NodeObservation(
-        cluster_id="local", node_id="node-002", pool="default", state=state,  # type: ignore[arg-type]
+        cluster_id="local", node_id="node-002", pool="default", state=state,
         fault_count=faults, faults=tuple(Fault(kind="xid", code=79) for _ in range(faults)),
         consecutive_faulty=run, observed_at=NOW, source_event_id=uuid4(),
         reason="no report for 31s" if state == "down" else "",
@@ -92,7 +94,7 @@ def test_need_registry_is_explicit() -> None:
 
 
 def need() -> OpsNeed:
-    return examples()["ops_need"]  # type: ignore[return-value]
+    return example("ops_need", OpsNeed)
 
 
 def test_offline_template_plans_drain_then_offline() -> None:
@@ -118,16 +120,16 @@ def test_bad_template_names_file_and_field(tmp_path: Path) -> None:
 
 
 def test_queue_score_orders_by_priority_then_age() -> None:
-    task = examples()["ops_task"]
+    task = example("ops_task", OpsTask)
     urgent = task.model_copy(update={"priority": 0})
     later = task.model_copy(update={"occurred_at": task.occurred_at + timedelta(seconds=1)})
-    assert scheduler.queue_score(urgent) < scheduler.queue_score(task)  # type: ignore[arg-type]
-    assert scheduler.queue_score(task) < scheduler.queue_score(later)  # type: ignore[arg-type]
+    assert scheduler.queue_score(urgent) < scheduler.queue_score(task)
+    assert scheduler.queue_score(task) < scheduler.queue_score(later)
 
 
 def test_lock_ttl_covers_the_worst_case_run() -> None:
-    task = examples()["ops_task"]
-    assert scheduler.lock_ttl_s(task, 600.0) == 2 * 60.0 * 3 + 600.0  # type: ignore[arg-type]
+    task = example("ops_task", OpsTask)
+    assert scheduler.lock_ttl_s(task, 600.0) == 2 * 60.0 * 3 + 600.0
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# `make demo`: Kafka, Redis, every service and a local fleet of 3 agents; a GPU fault on one
+# agent becomes a succeeded offline task, shown as it happens. Ctrl-C stops everything.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "${ROOT}"
+# shellcheck source=deploy/local/env.sh
+source deploy/local/env.sh
+
+started=()
+cleanup() {
+  for svc in "${started[@]}"; do
+    "deploy/local/${svc}.sh" stop || true
+  done
+}
+trap cleanup EXIT
+
+for svc in kafka redis; do
+  if ! "deploy/local/${svc}.sh" status >/dev/null 2>&1; then
+    "deploy/local/${svc}.sh" start
+    started+=("${svc}")
+  fi
+done
+
+# A namespace per demo run, so a second run never replays the first one's events.
+export WARDEN_NAMESPACE="${WARDEN_NAMESPACE:-demo$(date +%s)}"
+"${ROOT}/.venv/bin/warden" demo "$@"

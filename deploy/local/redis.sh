@@ -1,0 +1,236 @@
+#!/usr/bin/env bash
+# Runs a private redis-server for local development and integration tests.
+#
+#   deploy/local/redis.sh start    start (or confirm already running) and wait for PONG
+#   deploy/local/redis.sh stop     SHUTDOWN via redis-cli, falling back to SIGTERM/SIGKILL
+#   deploy/local/redis.sh status   exit 0 if it answers PING, 1 otherwise
+#
+# Environment:
+#   WARDEN_STATE_DIR   state root (default <repo>/.state); this script uses $WARDEN_STATE_DIR/redis
+#   REDIS_PORT         default 16379, deliberately not 6379 so a system redis (which the Debian
+#                      package may start on install) never collides with this one
+set -euo pipefail
+
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(cd "${SCRIPT_DIR}/../.." && pwd)"
+
+REDIS_HOST=127.0.0.1
+REDIS_PORT="${REDIS_PORT:-16379}"
+STATE_ROOT="${WARDEN_STATE_DIR:-${REPO_ROOT}/.state}"
+# Made absolute: the paths end up in generated config and in a daemon that may resolve them
+# against a different working directory than the caller's.
+mkdir -p "${STATE_ROOT}"
+STATE_ROOT="$(cd "${STATE_ROOT}" && pwd)"
+STATE_DIR="${STATE_ROOT}/redis"
+PID_FILE="${STATE_DIR}/redis.pid"
+LOG_FILE="${STATE_DIR}/redis.log"
+
+READY_TIMEOUT_S=20
+STOP_TIMEOUT_S=15
+
+log() { printf 'redis: %s\n' "$*"; }
+die() { printf 'redis: error: %s\n' "$*" >&2; exit 1; }
+
+usage() {
+    printf 'usage: %s {start|stop|status}\n' "$0" >&2
+    exit 2
+}
+
+now() { printf '%s' "${EPOCHREALTIME}"; }
+
+elapsed_since() {
+    awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'
+}
+
+validate_port() {
+    if [[ ! "${REDIS_PORT}" =~ ^[1-9][0-9]{0,4}$ ]] || (( REDIS_PORT > 65535 )); then
+        die "REDIS_PORT=${REDIS_PORT} is not a valid TCP port"
+    fi
+}
+
+# Installs Debian's redis-server (which brings redis-cli) when either binary is missing. The
+# package index in a fresh container is usually empty, hence `apt-get update` first.
+ensure_redis() {
+    if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1; then
+        return 0
+    fi
+    command -v apt-get >/dev/null 2>&1 \
+        || die "redis-server/redis-cli not found and apt-get is unavailable; install Redis 7+ by other means and put redis-server and redis-cli on PATH"
+    local -a sudo=()
+    if (( EUID != 0 )); then
+        # -n: never prompt for a password from a script; fail and explain instead.
+        if ! command -v sudo >/dev/null 2>&1 || ! sudo -n true 2>/dev/null; then
+            die "redis-server is not installed and installing it needs root; run: sudo apt-get update && sudo apt-get install -y redis-server"
+        fi
+        sudo=(sudo -n)
+    fi
+    log "redis-server not found; installing it with apt-get ..."
+    if ! "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q \
+        || ! "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server; then
+        die "apt-get could not install redis-server (no network or package mirror?); install it manually: apt-get update && apt-get install -y redis-server"
+    fi
+    if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+        die "apt-get finished but redis-server/redis-cli are still not on PATH"
+    fi
+}
+
+# True if whatever listens on the port answers PING. `timeout` guards against a listener that
+# accepts the connection but never replies (redis-cli itself would wait forever).
+answers_ping() {
+    command -v redis-cli >/dev/null 2>&1 || return 1
+    [[ "$(timeout 2 redis-cli -h "${REDIS_HOST}" -p "${REDIS_PORT}" ping 2>/dev/null)" == "PONG" ]]
+}
+
+port_open() {
+    # shellcheck disable=SC2016  # $1/$2 are expanded by the inner bash, not this one
+    timeout 1 bash -c 'exec 3<>"/dev/tcp/$1/$2"' _ "${REDIS_HOST}" "${REDIS_PORT}" 2>/dev/null
+}
+
+# Prints the pid from redis's own pid file if that process is alive and is a redis-server (pids
+# are reused, so a bare `kill -0` could point at an unrelated process after a reboot).
+live_pid() {
+    [[ -f "${PID_FILE}" ]] || return 1
+    local pid
+    pid="$(<"${PID_FILE}")"
+    [[ "${pid}" =~ ^[0-9]+$ ]] || return 1
+    kill -0 "${pid}" 2>/dev/null || return 1
+    grep -q '^redis-server' "/proc/${pid}/comm" 2>/dev/null || return 1
+    printf '%s' "${pid}"
+}
+
+cmd_start() {
+    local started pid
+    started="$(now)"
+    if pid="$(live_pid)"; then
+        if answers_ping; then
+            log "already running (pid ${pid}) on ${REDIS_HOST}:${REDIS_PORT}"
+            return 0
+        fi
+        # Ours but not answering yet: it replies -LOADING while replaying a large AOF.
+        log "pid ${pid} is running but not answering PING yet; waiting for it"
+        wait_until_ready "${started}"
+        return 0
+    fi
+    # Someone else's server on our port would make the PING check pass against the wrong data.
+    if port_open; then
+        die "${REDIS_HOST}:${REDIS_PORT} is already in use by a process this script did not start; stop it or set REDIS_PORT"
+    fi
+
+    ensure_redis
+    mkdir -p "${STATE_DIR}"
+    # A stale pid file from a crashed run would otherwise be trusted by live_pid until redis
+    # rewrites it.
+    rm -f "${PID_FILE}"
+
+    # AOF with fsync every second: survives a crash losing at most ~1 s of writes, and RDB
+    # snapshots are off (--save "") so there is a single persistence path to reason about.
+    # Bound to loopback with protected mode on: this is a dev instance with no password.
+    # fd 9 (the lock) is closed for the daemon, or it would hold the lock for as long as it runs.
+    redis-server \
+        --bind "${REDIS_HOST}" \
+        --port "${REDIS_PORT}" \
+        --protected-mode yes \
+        --daemonize yes \
+        --dir "${STATE_DIR}" \
+        --pidfile "${PID_FILE}" \
+        --logfile "${LOG_FILE}" \
+        --appendonly yes \
+        --appendfsync everysec \
+        --save "" \
+        9>&- \
+        || { tail -n 40 "${LOG_FILE}" >&2 2>/dev/null || true; die "redis-server failed to start"; }
+
+    wait_until_ready "${started}"
+}
+
+wait_until_ready() {
+    local started="$1" pid
+    local deadline=$(( EPOCHSECONDS + READY_TIMEOUT_S ))
+    until answers_ping; do
+        if (( EPOCHSECONDS >= deadline )); then
+            if [[ -f "${LOG_FILE}" ]]; then
+                printf -- '--- last 40 lines of %s ---\n' "${LOG_FILE}" >&2
+                tail -n 40 "${LOG_FILE}" >&2
+            fi
+            die "no PONG from ${REDIS_HOST}:${REDIS_PORT} after ${READY_TIMEOUT_S} s"
+        fi
+        sleep 0.1
+    done
+    pid="$(live_pid)" || pid="?"
+    log "redis ready on ${REDIS_HOST}:${REDIS_PORT} (pid ${pid}) in $(elapsed_since "${started}") s"
+}
+
+cmd_stop() {
+    local pid=""
+    pid="$(live_pid)" || pid=""
+    if [[ -z "${pid}" ]] && ! answers_ping; then
+        rm -f "${PID_FILE}"
+        log "not running"
+        return 0
+    fi
+    if [[ -z "${pid}" ]]; then
+        # Something answers on our port but it is not the server from our pid file; it is not
+        # ours to shut down.
+        die "${REDIS_HOST}:${REDIS_PORT} answers PING but ${PID_FILE} does not name a live redis-server; not stopping it"
+    fi
+    # SHUTDOWN fsyncs the AOF before exiting. redis-cli reports the dropped connection as an
+    # error even on success, so its exit status is not meaningful here.
+    local rc=0 i
+    timeout 10 redis-cli -h "${REDIS_HOST}" -p "${REDIS_PORT}" shutdown >/dev/null 2>&1 || rc=$?
+    # 124 means redis-cli itself timed out: the server is wedged, so waiting for SHUTDOWN to
+    # take effect would only waste STOP_TIMEOUT_S more; go straight to signals.
+    if (( rc != 124 )); then
+        for (( i = 0; i < STOP_TIMEOUT_S * 10; i++ )); do
+            kill -0 "${pid}" 2>/dev/null || break
+            sleep 0.1
+        done
+    fi
+    if kill -0 "${pid}" 2>/dev/null; then
+        log "SHUTDOWN did not stop pid ${pid}; sending SIGTERM"
+        kill -TERM "${pid}" 2>/dev/null || true
+        for (( i = 0; i < 50; i++ )); do
+            kill -0 "${pid}" 2>/dev/null || break
+            sleep 0.1
+        done
+    fi
+    if kill -0 "${pid}" 2>/dev/null; then
+        log "pid ${pid} ignored SIGTERM; sending SIGKILL"
+        kill -KILL "${pid}" 2>/dev/null || true
+        while kill -0 "${pid}" 2>/dev/null; do sleep 0.1; done
+    fi
+    rm -f "${PID_FILE}"
+    log "stopped pid ${pid}"
+}
+
+# Serialises start/stop: two concurrent `start`s would both find the port free and race to bind
+# it. The lock is held on fd 9 until this script exits.
+take_lock() {
+    command -v flock >/dev/null 2>&1 || return 0
+    mkdir -p "${STATE_DIR}"
+    exec 9>"${STATE_DIR}/redis.sh.lock"
+    flock -w $(( READY_TIMEOUT_S + STOP_TIMEOUT_S + 10 )) 9 \
+        || die "another redis.sh is still holding ${STATE_DIR}/redis.sh.lock"
+}
+
+cmd_status() {
+    local pid
+    if pid="$(live_pid)" && answers_ping; then
+        log "running (pid ${pid}) on ${REDIS_HOST}:${REDIS_PORT}"
+        return 0
+    fi
+    log "not running"
+    return 1
+}
+
+main() {
+    [[ $# -eq 1 ]] || usage
+    validate_port
+    case "$1" in
+        start) take_lock; cmd_start ;;
+        stop) take_lock; cmd_stop ;;
+        status) cmd_status ;;
+        *) usage ;;
+    esac
+}
+
+main "$@"
