@@ -142,16 +142,21 @@ class NvmlProbe:
             return None
 
     def _ecc(self, handle: Any, error_type: int, counter: int) -> int | None:
-        nvml = self._nvml
-        value = self._optional(lambda: nvml.nvmlDeviceGetTotalEccErrors(handle, error_type, counter))
+        read = self._nvml.nvmlDeviceGetTotalEccErrors
+        value = self._optional(lambda: read(handle, error_type, counter))
+        return None if value is None else int(value)
+
+    def _power_mw(self, handle: Any) -> int | None:
+        read = self._nvml.nvmlDeviceGetPowerUsage
+        value = self._optional(lambda: read(handle))
         return None if value is None else int(value)
 
     def _throttle_reasons(self, handle: Any) -> int:
         nvml = self._nvml
         # The call was renamed ("clocks event reasons"); older bindings only have the old name.
-        read = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
-            nvml, "nvmlDeviceGetCurrentClocksThrottleReasons"
-        )
+        read = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        if read is None:
+            read = nvml.nvmlDeviceGetCurrentClocksThrottleReasons
         value = self._optional(lambda: read(handle))
         return 0 if value is None else int(value)
 
@@ -162,7 +167,7 @@ class NvmlProbe:
         gpus: list[GpuMetrics] = []
         for index, handle in enumerate(self._handles):
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-            power_mw = self._optional(lambda h=handle: nvml.nvmlDeviceGetPowerUsage(h))
+            power_mw = self._power_mw(handle)
             gpus.append(
                 GpuMetrics(
                     index=index,
@@ -286,15 +291,18 @@ class SimulatedProbe:
 
 def open_probe(gpus: int, module: Any | None = None, *, seed: int = 0) -> GpuProbe:
     """NVML if a driver answers; otherwise `gpus` simulated GPUs (said loudly in the log)."""
-    if module is None:
+    nvml: Any = module
+    if nvml is None:
         try:
-            import pynvml as module
+            import pynvml
+
+            nvml = pynvml
         except ImportError:
             log.warning("GPU source: SIMULATED (%d GPUs); nvidia-ml-py is not installed", gpus)
             return SimulatedProbe(gpus, seed=seed)
     try:
-        probe = NvmlProbe(module)
-    except (module.NVMLError_LibraryNotFound, module.NVMLError_DriverNotLoaded) as err:
+        probe = NvmlProbe(nvml)
+    except (nvml.NVMLError_LibraryNotFound, nvml.NVMLError_DriverNotLoaded) as err:
         log.warning("GPU source: SIMULATED (%d GPUs); NVML is unavailable: %s", gpus, err)
         return SimulatedProbe(gpus, seed=seed)
     log.info("GPU source: NVML (%d GPUs: %s)", probe.gpu_count, ", ".join(probe.names) or "none")

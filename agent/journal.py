@@ -109,11 +109,9 @@ class Journal:
         mode: NodeMode | None = None,
         now: datetime,
     ) -> bool:
-        """Journal a command's result; with `accepted`, also advance seq and epoch.
-
-        Returns False (and changes nothing) if the command id was already journaled: the
-        first result is the one that counts, and a later rejection never overwrites it.
-        """
+        """Journal a result (advancing seq and epoch if `accepted`); False if already journaled."""
+        # The first result is the one that counts: a later rejection of the same command id
+        # (a replay after expiry, say) must never overwrite what was executed.
         with self._transaction():
             inserted = self._db.execute(
                 "INSERT OR IGNORE INTO commands"
@@ -145,11 +143,9 @@ class Journal:
             self._set_mode(mode)
 
     def next_report_seq(self, now_ms: int) -> int:
-        """The next report seq: above the last one and at least the wall clock in ms.
-
-        The clock part keeps seq rising even if the journal file is lost; the stored part
-        keeps it rising if the clock steps back.
-        """
+        """The next report seq: above the last one, and at least the wall clock in ms."""
+        # The clock keeps seq rising if the journal file is lost; the stored value keeps it
+        # rising if the clock steps back.
         with self._transaction():
             last = self._meta("report_seq")
             seq = max(0 if last is None else last + 1, now_ms)

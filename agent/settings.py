@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import Field, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from services.shared.settings import ServiceSettings
@@ -16,7 +16,9 @@ IDENTIFIER_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"
 class AgentSettings(ServiceSettings):
     """What one agent needs to know: who it is, how often to report, which keys to trust."""
 
-    model_config = SettingsConfigDict(env_prefix="AGENT_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix="AGENT_", extra="ignore", frozen=True, populate_by_name=True
+    )
 
     node_id: str = Field(pattern=IDENTIFIER_PATTERN)
     pool: str = Field(default="default", pattern=IDENTIFIER_PATTERN)
@@ -25,7 +27,7 @@ class AgentSettings(ServiceSettings):
     # `state_dir` is taken by the shared WARDEN_STATE_DIR; this one is the agent's own.
     agent_state_dir: Path | None = Field(
         default=None,
-        validation_alias=AliasChoices("AGENT_STATE_DIR", "agent_state_dir"),
+        validation_alias="AGENT_STATE_DIR",
         description="Journal and fault plan; default <WARDEN_STATE_DIR>/agents/<node_id>.",
     )
     # NoDecode: the env value is a comma-separated list of paths, not JSON.

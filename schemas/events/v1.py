@@ -155,6 +155,18 @@ class Sample(Envelope):
     gpu_source: GpuSource
 
 
+class SampleBatch(Envelope):
+    """The samples of one batch of reports from one reports partition, as one message.
+
+    At 5,000 reports/s a message per sample would cost the broker and every consumer more
+    than the samples are worth; batched, the analyzer evaluates hundreds per message. The
+    subject is the reports partition the batch came from, so a node's samples stay in order.
+    """
+
+    event_type: Literal["sample_batch"] = "sample_batch"
+    samples: list[Sample] = Field(min_length=1, max_length=2_000)
+
+
 class NodeState(Envelope):
     """A node's state changed."""
 
@@ -446,6 +458,7 @@ class Alert(Envelope):
 EVENT_MODELS: dict[str, type[Envelope]] = {
     "node_report": NodeReport,
     "sample": Sample,
+    "sample_batch": SampleBatch,
     "node_state": NodeState,
     "ops_need": OpsNeed,
     "ops_task": OpsTask,

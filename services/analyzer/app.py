@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from faststream import FastStream
 
-from schemas.events.v1 import NodeState, Sample
+from schemas.events.v1 import NodeState, SampleBatch
 from schemas.topics import Topic, topic_name
 from services.analyzer.handlers import Analyzer
 from services.analyzer.needs import enabled
@@ -37,9 +37,10 @@ def create_app(settings: AnalyzerSettings | None = None) -> FastStream:
     # One consumer group per topic, so a rebalance on one topic never pauses the other.
     broker.subscriber(
         topic_name(Topic.OPS_SAMPLES, settings.namespace),
-        decoder=strict_decoder(Sample, limit),
+        # A batch of up to 2,000 samples is larger than one event.
+        decoder=strict_decoder(SampleBatch, 2 * 1024 * 1024),
         **consumer_options(group_name(settings, "analyzer-samples")),
-    )(analyzer.on_sample)
+    )(analyzer.on_samples)
     broker.subscriber(
         topic_name(Topic.OPS_NODE_STATE, settings.namespace),
         decoder=strict_decoder(NodeState, limit),

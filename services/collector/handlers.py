@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from collections import Counter
+from datetime import datetime, timedelta
 
 from faststream.kafka import KafkaMessage
 from opentelemetry import metrics, trace
@@ -47,7 +48,8 @@ class Collector:
         """A batch of raw reports: each one is validated on its own, bad ones dead-lettered."""
         now = now_utc()
         usable: list[tuple[NodeReport, NodeStateName, float]] = []
-        summaries: list[Sample] = []
+        summaries: list[tuple[int, Sample]] = []
+        outcomes: Counter[str] = Counter()
         for record in records_of(msg.raw_message):
             try:
                 report = parse_event(
@@ -56,7 +58,7 @@ class Collector:
             except (PermanentError, ValidationError) as err:
                 _, reason, detail = classify(err)
                 await self.dead_letters.dead_letter(record, reason, detail)
-                self.reports_counter.add(1, {"outcome": "dead_letter", "reason": reason})
+                outcomes[f"dead_letter:{reason}"] += 1
                 continue
             verdict = policy.timestamp_verdict(
                 report.occurred_at, now, self.settings.future_skew_s, self.settings.stale_after_s
@@ -65,19 +67,26 @@ class Collector:
                 # Kept out of decisions: a skewed clock must never take a node offline.
                 log.warning("report %s from %s is %s; not used for decisions",
                             report.event_id, report.node_id, verdict)
-                self.reports_counter.add(1, {"outcome": verdict})
+                outcomes[verdict] += 1
                 continue
             summary = policy.summarize(report, SOURCE, now)
-            summaries.append(summary)
+            summaries.append((record.partition, summary))
             usable.append((report, policy.state_from_mode(report.mode),
                            summary.gpu_utilization_pct))
-        if not usable:
-            return
+        if usable:
+            await self.apply(usable, summaries, outcomes, now)
+        for outcome, count in outcomes.items():
+            self.reports_counter.add(count, {"outcome": outcome})
+
+    async def apply(self, usable: list[tuple[NodeReport, NodeStateName, float]],
+                    summaries: list[tuple[int, Sample]], outcomes: Counter[str],
+                    now: datetime) -> None:
+        """Apply valid reports to node state; publish their samples and state transitions."""
         applied = await self.store.apply_reports(usable)
-        samples: list[Sample] = []
+        samples: list[tuple[int, Sample]] = []
         transitions: list[NodeState] = []
         for (report, state, _), summary, result in zip(usable, summaries, applied, strict=True):
-            self.reports_counter.add(1, {"outcome": result.outcome})
+            outcomes[result.outcome] += 1
             if result.outcome == "old":
                 continue  # an older report than one already applied: not used for decisions
             samples.append(summary)
@@ -98,7 +107,8 @@ class Collector:
                         last_report_at=report.occurred_at,
                     )
                 )
-        await self.bus.publish_many(Topic.OPS_SAMPLES, samples)
+        await self.bus.publish_many(Topic.OPS_SAMPLES,
+                                    policy.batch_samples(samples, SOURCE, now))
         await self.bus.publish_many(Topic.OPS_NODE_STATE, transitions)
 
     async def sweep_heartbeats(self) -> None:

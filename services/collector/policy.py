@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Literal
 from uuid import NAMESPACE_URL, UUID, uuid5
 
-from schemas.events.v1 import NodeMode, NodeReport, NodeStateName, Sample
+from schemas.events.v1 import NodeMode, NodeReport, NodeStateName, Sample, SampleBatch
 
 TimestampVerdict = Literal["ok", "future", "stale"]
 
@@ -94,3 +94,31 @@ def summarize(report: NodeReport, source: str, now: datetime) -> Sample:
         event_type="sample",
         schema_version=1,
     )
+
+
+def batch_samples(
+    samples: list[tuple[int, Sample]], source: str, now: datetime, max_size: int = 2_000
+) -> list[SampleBatch]:
+    """(reports partition, sample) pairs as one batch per cluster and partition, in order.
+
+    Keyed by the partition the reports came from, so all samples of a node travel on one
+    samples partition, in report order, whichever collector instance read them.
+    """
+    groups: dict[tuple[str, int], list[Sample]] = {}
+    for partition, sample in samples:
+        groups.setdefault((sample.cluster_id, partition), []).append(sample)
+    batches = []
+    for (cluster, partition), group in groups.items():
+        for start in range(0, len(group), max_size):
+            chunk = group[start:start + max_size]
+            batches.append(
+                SampleBatch(
+                    event_id=derived_id("batch", *(s.event_id for s in chunk)),
+                    source=source,
+                    occurred_at=now,
+                    cluster_id=cluster,
+                    subject=f"{cluster}.reports-{partition}",
+                    samples=chunk,
+                )
+            )
+    return batches

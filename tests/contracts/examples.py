@@ -27,6 +27,7 @@ from schemas.events.v1 import (
     OpsTask,
     PeerProbe,
     Sample,
+    SampleBatch,
     Step,
     TaskControl,
     TaskEvent,
@@ -72,6 +73,12 @@ def examples() -> dict[str, Envelope]:
     payload = CommandPayload(command_id=CMD, node_id="node-002", seq=7, epoch=3, issued_at=T0,
                              expires_at=T0 + timedelta(seconds=60), task_id=TASK, step_index=0,
                              action=DrainNode(node_id="node-002"))
+    sample = Sample(
+        **envelope(2, "collector", "node-002"), node_id="node-002", pool="default", seq=42,
+        reported_at=T0, report_event_id=_uuid(1), mode="active", gpu_count=1,
+        gpu_utilization_pct=71.5, gpu_memory_pct=36.621, fault_count=1,
+        faults=[Fault(kind="xid", code=79, gpu_index=0)], gpu_source="simulated",
+    )
     return {
         "node_report": NodeReport(
             **envelope(1, "agent-node-002", "node-002"), node_id="node-002", seq=42,
@@ -87,12 +94,9 @@ def examples() -> dict[str, Envelope]:
                           throughput=830.0, gpu_indices=[0])],
             peer_probes=[PeerProbe(peer_node_id="node-001", reachable=True, rtt_ms=0.4)],
         ),
-        "sample": Sample(
-            **envelope(2, "collector", "node-002"), node_id="node-002", pool="default", seq=42,
-            reported_at=T0, report_event_id=_uuid(1), mode="active", gpu_count=1,
-            gpu_utilization_pct=71.5, gpu_memory_pct=36.621, fault_count=1,
-            faults=[Fault(kind="xid", code=79, gpu_index=0)], gpu_source="simulated",
-        ),
+        "sample": sample,
+        "sample_batch": SampleBatch(**envelope(13, "collector", "local.reports-0"),
+                                    samples=[sample]),
         "node_state": NodeState(
             **envelope(3, "collector", "node-003"), node_id="node-003", pool="default",
             state="down", previous="suspect", reason="no report for 31.0s", last_report_at=T0,

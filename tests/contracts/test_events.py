@@ -34,8 +34,7 @@ def test_golden_fixture_parses_and_round_trips(name: str) -> None:
 
 def test_every_topic_has_a_model_and_every_model_a_golden() -> None:
     assert set(EVENT_MODELS) == {p.stem for p in GOLDEN.glob("*.json")}
-    assert {m.__name__ for m in TOPIC_MODELS.values()} == {m.__name__ for m in
-                                                           EVENT_MODELS.values()}
+    assert set(TOPIC_MODELS.values()) <= set(EVENT_MODELS.values())
 
 
 @pytest.mark.parametrize("name", sorted(EVENT_MODELS))

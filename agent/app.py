@@ -1,0 +1,229 @@
+"""The agent's FastStream app: wiring only (command subscriber, report loop, lifecycle)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sqlite3
+import zlib
+from pathlib import Path
+
+from faststream import FastStream
+from faststream.kafka import KafkaBroker
+from faststream.kafka.subscriber.usecase import DefaultSubscriber
+from opentelemetry.trace import SpanKind, Tracer
+
+from agent.commands import CommandExecutor
+from agent.device import GpuProbe, open_probe
+from agent.faults import FaultPlan, read_faults
+from agent.host import HostSampler
+from agent.jobs import SimulatedJobs
+from agent.journal import Journal
+from agent.report import Reporter
+from agent.settings import AgentSettings
+from schemas.events.v1 import Command, now_utc
+from schemas.topics import Topic, topic_name
+from services.shared.errors import InfrastructureUnavailable
+from services.shared.messaging import (
+    EventBus,
+    consumer_options,
+    ensure_topics,
+    group_name,
+    make_broker,
+    strict_decoder,
+)
+from services.shared.signing import CommandVerifier, verifier_from_files
+from services.shared.telemetry import setup_telemetry, shutdown_telemetry
+
+log = logging.getLogger("clusterwarden.agent")
+
+COMMAND_LIMIT_BYTES = 16_384  # RELIABILITY §4.4 step 1, checked before parsing
+
+
+class Agent:
+    """One node's agent: owns its journal, probes and the report loop."""
+
+    def __init__(
+        self, settings: AgentSettings, broker: KafkaBroker, bus: EventBus, tracer: Tracer
+    ) -> None:
+        self.settings = settings
+        self.broker = broker
+        self.bus = bus
+        self.tracer = tracer
+        self.state_dir: Path = settings.node_state_dir()
+        self._journal: Journal | None = None
+        self._probe: GpuProbe | None = None
+        self._executor: CommandExecutor | None = None
+        self._reporter: Reporter | None = None
+        self._stop = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    def open(self) -> None:
+        """Open the journal and the probes (idempotent)."""
+        if self._journal is not None:
+            return
+        settings = self.settings
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        journal = self._journal = Journal.open(self.state_dir)
+        if settings.trusted_keys:
+            verifier = verifier_from_files(list(settings.trusted_keys))
+        else:
+            log.warning("no trusted keys: every command will be rejected (unknown_kid)")
+            verifier = CommandVerifier({})
+        self._executor = CommandExecutor(
+            settings.node_id,
+            settings.cluster_id,
+            verifier,
+            journal,
+            leeway_s=settings.command_leeway_s,
+            max_ttl_s=settings.max_command_ttl_s,
+            fault_plan=lambda: read_faults(self.state_dir),
+        )
+        # Seeded by the node's name, so a node's simulated GPUs look the same every run.
+        seed = zlib.crc32(f"{settings.cluster_id}/{settings.node_id}".encode())
+        probe = self._probe = open_probe(settings.gpus, seed=seed)
+        self._reporter = Reporter(
+            node_id=settings.node_id,
+            cluster_id=settings.cluster_id,
+            pool=settings.pool,
+            interval_s=settings.interval_s,
+            probe=probe,
+            host=HostSampler(),
+            journal=journal,
+            jobs=SimulatedJobs(settings.node_id, settings.gpus, now_utc()),
+        )
+        log.info("agent %s (cluster %s, pool %s): state in %s, mode %s", settings.node_id,
+                 settings.cluster_id, settings.pool, self.state_dir, journal.mode)
+
+    async def startup(self) -> None:
+        """Open local state, then make sure every topic exists before the broker starts."""
+        self.open()
+        await ensure_topics(self.settings.kafka_bootstrap_servers, self.settings.namespace)
+
+    async def start_reporting(self) -> None:
+        """Start the report loop once the broker is connected."""
+        self._stop.clear()
+        self._loop_task = asyncio.create_task(self.report_loop(), name="agent-reports")
+
+    async def stop_reporting(self) -> None:
+        """Stop the report loop before the broker closes."""
+        self._stop.set()
+        task, self._loop_task = self._loop_task, None
+        if task is None:
+            return
+        # A report stuck on an unreachable broker is abandoned, not waited for forever.
+        done, _ = await asyncio.wait({task}, timeout=self.settings.interval_s + 10.0)
+        if not done:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def close(self) -> None:
+        """Release the probe and the journal after the broker stopped."""
+        if self._probe is not None:
+            self._probe.close()
+            self._probe = None
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
+
+    # ------------------------------------------------------------ commands
+
+    async def on_command(self, command: Command) -> None:
+        """Verify and execute a command, then publish its result (if it was ours)."""
+        if self._executor is None:
+            raise InfrastructureUnavailable("the agent is not started")
+        try:
+            result = self._executor.handle(command, now_utc())
+        except sqlite3.Error as err:
+            # The journal is the replay protection: without it nothing may run, and the
+            # command must come back rather than be committed.
+            raise InfrastructureUnavailable(f"command journal: {err}") from err
+        if result is not None:
+            await self.bus.publish(Topic.NODE_COMMAND_RESULTS, result)
+
+    # ------------------------------------------------------------ reports
+
+    async def _pause(self, seconds: float) -> bool:
+        """Sleep up to `seconds`; True if the agent is stopping."""
+        if seconds > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), timeout=seconds)
+        return self._stop.is_set()
+
+    async def report_loop(self) -> None:
+        """Publish a report every interval until stopped (unless the fault plan says silent)."""
+        loop = asyncio.get_running_loop()
+        was_silent = False
+        while not self._stop.is_set():
+            started = loop.time()
+            plan = read_faults(self.state_dir)
+            if plan.silent != was_silent:
+                log.warning("fault plan: reports %s", "stopped" if plan.silent else "resumed")
+                was_silent = plan.silent
+            if not plan.silent:
+                try:
+                    await self.report_once(plan)
+                except Exception:
+                    # A failed publish (Kafka down) must not end the heartbeat for good.
+                    log.exception("publishing the report failed")
+            if await self._pause(self.settings.interval_s - (loop.time() - started)):
+                return
+
+    async def report_once(self, plan: FaultPlan) -> None:
+        """Build and publish one report inside its own span (trace context goes to Kafka)."""
+        if self._reporter is None:
+            return
+        with self.tracer.start_as_current_span(
+            "agent.report",
+            kind=SpanKind.PRODUCER,
+            attributes={"node.id": self.settings.node_id, "cluster.id": self.settings.cluster_id},
+        ) as span:
+            if plan.slow_s and await self._pause(plan.slow_s):
+                return
+            report = self._reporter.build(now_utc(), plan)
+            span.set_attribute("report.seq", report.seq)
+            span.set_attribute("report.faults", len(report.faults))
+            await self.bus.publish(Topic.NODE_REPORTS, report)
+
+
+def create_agent(settings: AgentSettings | None = None) -> Agent:
+    """The agent with its broker and command subscriber wired (nothing is opened yet)."""
+    settings = settings if settings is not None else AgentSettings()
+    service = settings.service_name()
+    telemetry = setup_telemetry("agent")
+    broker, _ = make_broker(settings, service, telemetry)
+    agent = Agent(settings, broker, EventBus(broker, settings.namespace),
+                  telemetry.tracer("clusterwarden.agent"))
+
+    # Annotated because the ** options hide which overload of `subscriber` applies.
+    commands: DefaultSubscriber = broker.subscriber(
+        topic_name(Topic.NODE_COMMANDS, settings.namespace),
+        **consumer_options(group_name(settings, service)),
+        decoder=strict_decoder(Command, COMMAND_LIMIT_BYTES),
+    )
+
+    @commands
+    async def on_command(command: Command) -> None:
+        await agent.on_command(command)
+
+    return agent
+
+
+def create_app(settings: AgentSettings | None = None) -> FastStream:
+    """The agent app; settings come from the environment unless given."""
+    agent = create_agent(settings)
+
+    async def flush_telemetry() -> None:
+        shutdown_telemetry()
+
+    return FastStream(
+        agent.broker,
+        on_startup=[agent.startup],
+        after_startup=[agent.start_reporting],
+        on_shutdown=[agent.stop_reporting],
+        after_shutdown=[agent.close, flush_telemetry],
+    )

@@ -1,0 +1,301 @@
+"""Local fleet tooling: start, stop, kill and break agent processes on this machine.
+
+Layout under a fleet's state directory:
+    agents/<node>/agent.pid      the pid of the agent process
+    agents/<node>/faults.json    its fault plan (see agent.faults)
+    agents/<node>/journal.sqlite3
+    logs/agent-<node>.log
+A plain library; the CLI and the tests wrap it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.faults import FaultPlan, clear_fault_file, read_faults, write_faults
+
+log = logging.getLogger("clusterwarden.agent.fleet")
+
+PID_FILE = "agent.pid"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+AGENT_ARGV = ("-m", "agent")
+
+# Agents this process started: kept so they are reaped (and Popen never warns that a child
+# it forgot is still running).
+_children: dict[int, subprocess.Popen[bytes]] = {}
+
+
+@dataclass(frozen=True)
+class AgentProcess:
+    """One agent process of the local fleet."""
+
+    node_id: str
+    pid: int
+    state_dir: Path
+    log_path: Path
+
+
+def node_name(number: int) -> str:
+    """The id of the n-th node (1-based): node-001, node-002, ..."""
+    return f"node-{number:03d}"
+
+
+def agent_dir(state_dir: Path, node_id: str) -> Path:
+    """The state directory of one agent of the fleet."""
+    return state_dir / "agents" / node_id
+
+
+def log_path(state_dir: Path, node_id: str) -> Path:
+    return state_dir / "logs" / f"agent-{node_id}.log"
+
+
+def pid_path(state_dir: Path, node_id: str) -> Path:
+    return agent_dir(state_dir, node_id) / PID_FILE
+
+
+def fleet_nodes(state_dir: Path) -> list[str]:
+    """Every node that has a pid file in this fleet."""
+    root = state_dir / "agents"
+    if not root.is_dir():
+        return []
+    return sorted(p.parent.name for p in root.glob(f"*/{PID_FILE}"))
+
+
+# ---------------------------------------------------------------- processes
+
+
+def _is_agent(pid: int) -> bool:
+    """True if `pid` runs `python -m agent` (so a recycled pid is never signalled)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # no /proc to check with: trust the pid file
+    return any(
+        argv[i : i + 2] == [part.encode() for part in AGENT_ARGV] for i in range(len(argv) - 1)
+    )
+
+
+def is_alive(pid: int) -> bool:
+    """True if an agent process with this pid is running."""
+    child = _children.get(pid)
+    if child is not None:
+        # Our own child: poll() is the truth, and it reaps a zombie (whose /proc entry would
+        # no longer say "agent", leaving the child unreaped).
+        if child.poll() is None:
+            return True
+        del _children[pid]
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # it exists, owned by someone else
+    return _is_agent(pid)
+
+
+def read_pid(state_dir: Path, node_id: str) -> int | None:
+    """The pid recorded for a node, if any."""
+    try:
+        return int(pid_path(state_dir, node_id).read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def agent_status(state_dir: Path) -> dict[str, bool]:
+    """Each node of the fleet and whether its agent is running."""
+    return {
+        node: (pid := read_pid(state_dir, node)) is not None and is_alive(pid)
+        for node in fleet_nodes(state_dir)
+    }
+
+
+def _wait_exit(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not is_alive(pid):
+            return True
+        time.sleep(0.05)
+    return not is_alive(pid)
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+# ---------------------------------------------------------------- starting and stopping
+
+
+def agent_env(
+    *,
+    node_id: str,
+    gpus: int,
+    cluster_id: str,
+    namespace: str,
+    state_dir: Path,
+    env: Mapping[str, str],
+    trusted_keys: Sequence[Path],
+    interval_s: float,
+    pool: str = "default",
+) -> dict[str, str]:
+    """The environment of one agent process."""
+    child = dict(env)
+    python_path = child.get("PYTHONPATH", "")
+    child |= {
+        # The agent runs from a checkout as well as from an installed distribution.
+        "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{python_path}" if python_path else str(REPO_ROOT),
+        "PYTHONUNBUFFERED": "1",
+        "WARDEN_CLUSTER_ID": cluster_id,
+        "WARDEN_NAMESPACE": namespace,
+        "WARDEN_STATE_DIR": str(state_dir),
+        "AGENT_NODE_ID": node_id,
+        "AGENT_POOL": pool,
+        "AGENT_GPUS": str(gpus),
+        "AGENT_INTERVAL_S": str(interval_s),
+        "AGENT_STATE_DIR": str(agent_dir(state_dir, node_id)),
+        "AGENT_TRUSTED_KEYS": ",".join(str(Path(p).resolve()) for p in trusted_keys),
+    }
+    return child
+
+
+def start_agent(
+    node_id: str,
+    *,
+    gpus: int,
+    cluster_id: str,
+    namespace: str,
+    state_dir: Path,
+    env: Mapping[str, str],
+    trusted_keys: Sequence[Path],
+    interval_s: float,
+    pool: str = "default",
+) -> AgentProcess:
+    """Start one agent process (or return the one already running for this node)."""
+    home = agent_dir(state_dir, node_id)
+    logs = log_path(state_dir, node_id)
+    pid = read_pid(state_dir, node_id)
+    if pid is not None and is_alive(pid):
+        # Two agents with one node id would share a journal and a consumer group.
+        log.info("agent %s already runs as pid %d", node_id, pid)
+        return AgentProcess(node_id, pid, home, logs)
+    home.mkdir(parents=True, exist_ok=True)
+    logs.parent.mkdir(parents=True, exist_ok=True)
+    child_env = agent_env(
+        node_id=node_id, gpus=gpus, cluster_id=cluster_id, namespace=namespace,
+        state_dir=state_dir, env=env, trusted_keys=trusted_keys, interval_s=interval_s,
+        pool=pool,
+    )
+    with logs.open("ab") as out:
+        process = subprocess.Popen(
+            [sys.executable, *AGENT_ARGV],
+            env=child_env,
+            cwd=REPO_ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            # Its own session: a Ctrl-C in the terminal that started the fleet does not
+            # kill the agents; fleet_down does.
+            start_new_session=True,
+        )
+    _children[process.pid] = process
+    tmp = pid_path(state_dir, node_id).with_suffix(".tmp")
+    tmp.write_text(f"{process.pid}\n")
+    tmp.replace(pid_path(state_dir, node_id))
+    log.info("started agent %s as pid %d (log %s)", node_id, process.pid, logs)
+    return AgentProcess(node_id, process.pid, home, logs)
+
+
+def fleet_up(
+    nodes: int,
+    gpus: int,
+    cluster_id: str,
+    namespace: str,
+    state_dir: Path,
+    env: Mapping[str, str],
+    trusted_keys: Sequence[Path],
+    interval_s: float,
+    *,
+    pool: str = "default",
+    first: int = 1,
+) -> list[AgentProcess]:
+    """Start agents node-<first> .. node-<first+nodes-1>, each a `python -m agent` process."""
+    return [
+        start_agent(
+            node_name(number), gpus=gpus, cluster_id=cluster_id, namespace=namespace,
+            state_dir=state_dir, env=env, trusted_keys=trusted_keys, interval_s=interval_s,
+            pool=pool,
+        )
+        for number in range(first, first + nodes)
+    ]
+
+
+def stop_agent(state_dir: Path, node_id: str, timeout_s: float = 15.0) -> bool:
+    """SIGTERM one agent, wait, then SIGKILL it; True if it was running."""
+    pid = read_pid(state_dir, node_id)
+    running = pid is not None and is_alive(pid)
+    if pid is not None and running:
+        _signal(pid, signal.SIGTERM)
+        if not _wait_exit(pid, timeout_s):
+            log.warning("agent %s (pid %d) ignored SIGTERM; killing it", node_id, pid)
+            _signal(pid, signal.SIGKILL)
+            _wait_exit(pid, 5.0)
+    pid_path(state_dir, node_id).unlink(missing_ok=True)
+    return running
+
+
+def fleet_down(state_dir: Path, timeout_s: float = 15.0) -> list[str]:
+    """Stop every agent of the fleet (SIGTERM to all, wait, SIGKILL what remains)."""
+    pids = {node: read_pid(state_dir, node) for node in fleet_nodes(state_dir)}
+    running = {node: pid for node, pid in pids.items() if pid is not None and is_alive(pid)}
+    # Signal all first, so the agents shut down in parallel rather than one by one.
+    for pid in running.values():
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for node, pid in running.items():
+        if not _wait_exit(pid, max(0.0, deadline - time.monotonic())):
+            log.warning("agent %s (pid %d) ignored SIGTERM; killing it", node, pid)
+            _signal(pid, signal.SIGKILL)
+            _wait_exit(pid, 5.0)
+    for node in pids:
+        pid_path(state_dir, node).unlink(missing_ok=True)
+    return sorted(running)
+
+
+def kill_agent(state_dir: Path, node_id: str) -> bool:
+    """SIGKILL one agent: a dead agent, as a crash leaves it (the pid file stays)."""
+    pid = read_pid(state_dir, node_id)
+    if pid is None or not is_alive(pid):
+        return False
+    _signal(pid, signal.SIGKILL)
+    _wait_exit(pid, 5.0)
+    return True
+
+
+# ---------------------------------------------------------------- faults
+
+
+def inject_fault(state_dir: Path, node_id: str, **fields: Any) -> FaultPlan:
+    """Add faults to a node's plan (fields of FaultPlan); the agent picks them up next report."""
+    home = agent_dir(state_dir, node_id)
+    current = read_faults(home)
+    plan = FaultPlan.model_validate(current.model_dump() | fields)
+    write_faults(home, plan)
+    return plan
+
+
+def clear_faults(state_dir: Path, node_id: str) -> None:
+    """Make a node healthy again."""
+    clear_fault_file(agent_dir(state_dir, node_id))

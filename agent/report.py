@@ -1,0 +1,86 @@
+"""Building one NodeReport from the probes, the journal and the fault plan."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from uuid import uuid4
+
+from agent.device import GpuProbe
+from agent.faults import FaultPlan, faults_for_report, gpu_faults, inject_into_gpus
+from agent.host import HostSampler
+from agent.jobs import SimulatedJobs
+from agent.journal import Journal
+from schemas.events.v1 import Fault, GpuMetrics, HostMetrics, NodeReport
+
+log = logging.getLogger("clusterwarden.agent.report")
+
+MAX_FAULTS = 256  # the schema's bound on NodeReport.faults
+
+
+class Reporter:
+    """Reads everything a report needs; one call to `build` per interval."""
+
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        cluster_id: str,
+        pool: str,
+        interval_s: float,
+        probe: GpuProbe,
+        host: HostSampler,
+        journal: Journal,
+        jobs: SimulatedJobs,
+    ) -> None:
+        self.node_id = node_id
+        self.cluster_id = cluster_id
+        self.pool = pool
+        self.interval_s = interval_s
+        self.probe = probe
+        self.host = host
+        self.journal = journal
+        self.jobs = jobs
+        self.source = f"agent-{node_id}"[:128]
+
+    def build(self, now: datetime, plan: FaultPlan) -> NodeReport:
+        """The report at `now`, with the plan's injected faults applied."""
+        mode = self.journal.mode
+        jobs = self.jobs.advance(now, mode, plan.hung_job)
+        faults: list[Fault] = []
+        gpus: list[GpuMetrics]
+        try:
+            gpus = self.probe.read(jobs, now)
+        except Exception as err:
+            # A GPU that cannot be read is itself fault data; the heartbeat must still go out.
+            log.exception("reading the GPUs failed")
+            gpus = []
+            faults.append(Fault(kind="agent", detail=f"gpu probe failed: {err!r}"[:256]))
+        try:
+            host = self.host.read(now)
+        except Exception as err:
+            log.exception("reading host metrics failed")
+            host = HostMetrics(cpu_pct=0.0, memory_used_mib=0, memory_total_mib=0,
+                               disk_used_pct=0.0)
+            faults.append(Fault(kind="agent", detail=f"host metrics failed: {err!r}"[:256]))
+        faults.extend(gpu_faults(gpus))
+        faults.extend(faults_for_report(plan))
+        gpus = inject_into_gpus(plan, gpus)
+        return NodeReport(
+            event_id=uuid4(),
+            source=self.source,
+            occurred_at=now,
+            cluster_id=self.cluster_id,
+            subject=self.node_id,
+            node_id=self.node_id,
+            pool=self.pool,
+            seq=self.journal.next_report_seq(int(now.timestamp() * 1000)),
+            interval_s=self.interval_s,
+            gpu_source=self.probe.source,
+            mode=mode,
+            gpus=gpus,
+            host=host,
+            faults=faults[:MAX_FAULTS],
+            jobs=jobs,
+            peer_probes=[],
+        )

@@ -1,0 +1,413 @@
+"""Command verification order and actions (RELIABILITY §4.4): every rejection, every action."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+from uuid import uuid4
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from agent.commands import CommandExecutor
+from agent.faults import FaultPlan, write_faults
+from agent.journal import Journal
+from schemas.events.v1 import (
+    Cancel,
+    Command,
+    DrainNode,
+    MigrateJob,
+    OfflineNode,
+    OnlineNode,
+    QueryStatus,
+    SetResources,
+    StartJob,
+    StopJob,
+    UndrainNode,
+)
+from services.shared.errors import PermanentError
+from services.shared.signing import CommandVerifier, b64url
+
+NODE = "node-001"
+
+
+def signed_raw(centre: Any, body: dict[str, Any], subject: str = NODE) -> Command:
+    """A command whose payload bytes are whatever the test wants, correctly signed."""
+    raw = json.dumps(body).encode()
+    good: Command = centre.command()
+    key: Ed25519PrivateKey = centre.signer.key
+    return good.model_copy(
+        update={"payload": b64url(raw), "sig": b64url(key.sign(raw)), "subject": subject}
+    )
+
+
+def mode_of(journal: Journal) -> str:
+    """The journaled mode, read afresh (a plain str, so checks in sequence type-check)."""
+    return journal.mode
+
+
+# ---------------------------------------------------------------- not ours
+
+
+def test_command_for_another_node_is_ignored(
+    executor: CommandExecutor, centre: Any, journal: Journal, now: datetime
+) -> None:
+    other = centre.command(DrainNode(node_id="node-002"), node="node-002")
+    assert executor.handle(other, now) is None
+    assert journal.command_count() == 0
+
+
+def test_command_for_another_cluster_is_ignored(
+    executor: CommandExecutor, centre: Any, journal: Journal, now: datetime
+) -> None:
+    command = centre.sign(centre.payload(), cluster="other-cluster")
+    assert executor.handle(command, now) is None
+    assert journal.command_count() == 0
+
+
+# ---------------------------------------------------------------- key and signature
+
+
+def test_bad_signature_raises_permanent_error(
+    executor: CommandExecutor, centre: Any, journal: Journal, now: datetime
+) -> None:
+    command = centre.command()
+    forged = Ed25519PrivateKey.generate().sign(b"something else")
+    tampered = command.model_copy(update={"sig": b64url(forged)})
+    with pytest.raises(PermanentError) as caught:
+        executor.handle(tampered, now)
+    assert caught.value.reason == "bad_signature"
+    assert journal.command_count() == 0
+    assert journal.mode == "active"
+
+
+def test_payload_changed_after_signing_is_a_bad_signature(
+    executor: CommandExecutor, centre: Any, now: datetime
+) -> None:
+    command = centre.command(OfflineNode(node_id=NODE))
+    other = centre.command(DrainNode(node_id=NODE))
+    spliced = command.model_copy(update={"payload": other.payload})
+    with pytest.raises(PermanentError, match="bad_signature"):
+        executor.handle(spliced, now)
+
+
+def test_unknown_kid_raises_permanent_error(
+    centre: Any, journal: Journal, now: datetime
+) -> None:
+    # No trusted keys at all: every command is refused before anything is parsed.
+    executor = CommandExecutor(NODE, "local", CommandVerifier({}), journal)
+    with pytest.raises(PermanentError) as caught:
+        executor.handle(centre.command(), now)
+    assert caught.value.reason == "unknown_kid"
+    assert journal.command_count() == 0
+
+
+def test_invalid_payload_with_a_command_id_is_rejected(
+    executor: CommandExecutor, centre: Any, journal: Journal, now: datetime
+) -> None:
+    command_id = uuid4()
+    payload = json.loads(centre.payload().model_dump_json())
+    payload["command_id"] = str(command_id)
+    payload["action"] = {"action": "exec_shell", "node_id": NODE}
+    result = executor.handle(signed_raw(centre, payload), now)
+    assert result is not None
+    assert (result.outcome, result.reason) == ("rejected", "invalid_payload")
+    assert result.command_id == command_id
+    assert result.outputs["error"] == "union_tag_invalid"
+    assert journal.mode == "active"
+
+
+def test_invalid_payload_without_a_command_id_is_dead_lettered(
+    executor: CommandExecutor, centre: Any, now: datetime
+) -> None:
+    with pytest.raises(PermanentError):
+        executor.handle(signed_raw(centre, {"hello": "world"}), now)
+
+
+# ---------------------------------------------------------------- audience and time
+
+
+def test_wrong_audience_is_rejected(
+    executor: CommandExecutor, centre: Any, journal: Journal, now: datetime
+) -> None:
+    # Envelope addressed to us, signed payload for node-002: the signed part wins.
+    command = centre.command(DrainNode(node_id="node-002"), node="node-002")
+    readdressed = command.model_copy(update={"subject": NODE})
+    result = executor.handle(readdressed, now)
+    assert result is not None
+    assert (result.outcome, result.reason) == ("rejected", "wrong_audience")
+    assert journal.mode == "active"
+    assert journal.last_seq is None
+
+
+@pytest.mark.parametrize(
+    ("offset_s", "ttl_s", "reason"),
+    [
+        (60 + 30 + 1, 60, "expired"),  # past expires_at + leeway
+        (-30 - 1, 60, "not_yet_valid"),  # before issued_at - leeway
+        (0, 301, "ttl_too_long"),
+    ],
+)
+def test_time_window_rejections(
+    executor: CommandExecutor,
+    centre: Any,
+    journal: Journal,
+    now: datetime,
+    offset_s: float,
+    ttl_s: float,
+    reason: str,
+) -> None:
+    command = centre.command(ttl_s=ttl_s)
+    result = executor.handle(command, now + timedelta(seconds=offset_s))
+    assert result is not None
+    assert (result.outcome, result.reason) == ("rejected", reason)
+    assert result.action == "drain_node"
+    assert journal.mode == "active"
+    assert journal.last_seq is None  # a rejected command does not consume its seq
+
+
+@pytest.mark.parametrize("offset_s", [60 + 30, -30])
+def test_leeway_edges_are_accepted(
+    executor: CommandExecutor, centre: Any, now: datetime, offset_s: float
+) -> None:
+    result = executor.handle(centre.command(ttl_s=60), now + timedelta(seconds=offset_s))
+    assert result is not None
+    assert result.outcome == "succeeded"
+
+
+# ---------------------------------------------------------------- replay, seq, epoch
+
+
+def test_duplicate_returns_cached_result_and_executes_nothing(
+    executor: CommandExecutor, centre: Any, journal: Journal, now: datetime
+) -> None:
+    drain = centre.command(DrainNode(node_id=NODE), seq=1)
+    first = executor.handle(drain, now)
+    assert first is not None
+    assert first.outcome == "succeeded"
+    undrain = executor.handle(centre.command(UndrainNode(node_id=NODE), seq=2), now)
+    assert undrain is not None
+    assert journal.mode == "active"
+
+    again = executor.handle(drain, now + timedelta(seconds=5))
+    assert again is not None
+    assert again.duplicate is True
+    assert again.command_id == first.command_id
+    assert (again.outcome, again.reason, again.outputs) == (
+        first.outcome, first.reason, first.outputs
+    )
+    assert again.event_id != first.event_id  # a new event, so consumers do not drop it
+    assert journal.mode == "active"  # the drain did not run a second time
+    assert journal.command_count() == 2
+    assert journal.last_seq == 2
+
+
+def test_duplicate_is_answered_after_a_restart(
+    centre: Any, state_dir: Path, now: datetime
+) -> None:
+    first_journal = Journal.open(state_dir)
+    drain = centre.command(seq=1)
+    CommandExecutor(NODE, "local", centre.verifier, first_journal).handle(drain, now)
+    first_journal.close()
+
+    reopened = Journal.open(state_dir)
+    try:
+        executor = CommandExecutor(NODE, "local", centre.verifier, reopened)
+        replay = executor.handle(drain, now)
+        assert replay is not None
+        assert replay.duplicate
+        # A fresh command id with an old seq is a replay too (B19).
+        old_seq = executor.handle(centre.command(OnlineNode(node_id=NODE), seq=1), now)
+        assert old_seq is not None
+        assert (old_seq.outcome, old_seq.reason) == ("rejected", "stale_seq")
+        assert reopened.mode == "draining"
+    finally:
+        reopened.close()
+
+
+def test_stale_seq_is_rejected_and_a_gap_is_allowed(
+    executor: CommandExecutor, centre: Any, journal: Journal, now: datetime
+) -> None:
+    assert executor.handle(centre.command(seq=5), now) is not None
+    for seq in (5, 4, 0):
+        result = executor.handle(centre.command(UndrainNode(node_id=NODE), seq=seq), now)
+        assert result is not None
+        assert (result.outcome, result.reason) == ("rejected", "stale_seq")
+    assert journal.mode == "draining"
+    gap = executor.handle(centre.command(UndrainNode(node_id=NODE), seq=42), now)
+    assert gap is not None
+    assert gap.outcome == "succeeded"
+    assert journal.last_seq == 42
+
+
+def test_stale_epoch_is_rejected(
+    executor: CommandExecutor, centre: Any, journal: Journal, now: datetime
+) -> None:
+    assert executor.handle(centre.command(seq=1, epoch=2), now) is not None
+    old_leader = executor.handle(centre.command(UndrainNode(node_id=NODE), seq=2, epoch=1), now)
+    assert old_leader is not None
+    assert (old_leader.outcome, old_leader.reason) == ("rejected", "stale_epoch")
+    assert journal.mode == "draining"
+    assert journal.last_seq == 1  # the rejected seq is still free for the current leader
+    same_epoch = executor.handle(centre.command(UndrainNode(node_id=NODE), seq=2, epoch=2), now)
+    assert same_epoch is not None
+    assert same_epoch.outcome == "succeeded"
+    assert journal.max_epoch == 2
+
+
+def test_rejection_never_overwrites_an_executed_result(
+    executor: CommandExecutor, centre: Any, journal: Journal, now: datetime
+) -> None:
+    drain = centre.command(seq=1)
+    executor.handle(drain, now)
+    late = executor.handle(drain, now + timedelta(hours=1))
+    assert late is not None
+    assert late.reason == "expired"
+    payload = centre.verifier.verify(drain)
+    cached = journal.cached_result(payload.command_id)
+    assert cached is not None
+    assert cached.outcome == "succeeded"
+
+
+# ---------------------------------------------------------------- actions
+
+
+def test_drain_then_offline(
+    executor: CommandExecutor, centre: Any, journal: Journal, now: datetime
+) -> None:
+    drain = executor.handle(centre.command(DrainNode(node_id=NODE), seq=1), now)
+    assert drain is not None
+    assert drain.outcome == "succeeded"
+    assert drain.outputs == {"mode": "draining", "previous_mode": "active", "changed": True}
+    assert drain.node_id == NODE
+    assert drain.subject == NODE
+    assert mode_of(journal) == "draining"
+
+    again = executor.handle(centre.command(DrainNode(node_id=NODE), seq=2), now)
+    assert again is not None
+    assert again.outcome == "succeeded"
+    assert again.outputs["changed"] is False  # drain is "ensure drained"
+
+    offline = executor.handle(centre.command(OfflineNode(node_id=NODE), seq=3), now)
+    assert offline is not None
+    assert offline.outcome == "succeeded"
+    assert offline.outputs["mode"] == "offline"
+    assert mode_of(journal) == "offline"
+
+    online = executor.handle(centre.command(OnlineNode(node_id=NODE), seq=4), now)
+    assert online is not None
+    assert online.outputs["mode"] == "active"
+    assert journal.mode == "active"
+
+
+def test_offline_before_drain_fails(
+    executor: CommandExecutor, centre: Any, journal: Journal, now: datetime
+) -> None:
+    result = executor.handle(centre.command(OfflineNode(node_id=NODE)), now)
+    assert result is not None
+    assert (result.outcome, result.reason) == ("failed", "not_drained")
+    assert journal.mode == "active"
+    assert journal.command_count() == 1
+
+
+def test_dry_run_changes_nothing(
+    executor: CommandExecutor, centre: Any, journal: Journal, now: datetime
+) -> None:
+    dry = executor.handle(centre.command(DrainNode(node_id=NODE), seq=1, dry_run=True), now)
+    assert dry is not None
+    assert dry.outcome == "succeeded"
+    assert dry.outputs["dry_run"] is True
+    assert dry.outputs["target_mode"] == "draining"
+    assert journal.mode == "active"
+
+    # The precondition is still checked.
+    dry_offline = executor.handle(
+        centre.command(OfflineNode(node_id=NODE), seq=2, dry_run=True), now
+    )
+    assert dry_offline is not None
+    assert (dry_offline.outcome, dry_offline.reason) == ("failed", "not_drained")
+    assert journal.mode == "active"
+
+
+def test_query_status_returns_the_journaled_result(
+    executor: CommandExecutor, centre: Any, journal: Journal, now: datetime
+) -> None:
+    drain = centre.command(seq=1)
+    drained = executor.handle(drain, now)
+    assert drained is not None
+    query = executor.handle(
+        centre.command(QueryStatus(node_id=NODE, command_id=drained.command_id), seq=2), now
+    )
+    assert query is not None
+    assert query.action == "query_status"
+    assert query.outcome == "succeeded"
+    assert query.outputs["queried_command_id"] == str(drained.command_id)
+    assert query.outputs["queried_action"] == "drain_node"
+    assert query.outputs["mode"] == "draining"
+    assert journal.mode == "draining"
+
+
+def test_query_status_of_an_unknown_command(
+    executor: CommandExecutor, centre: Any, now: datetime
+) -> None:
+    missing = uuid4()
+    query = executor.handle(centre.command(QueryStatus(node_id=NODE, command_id=missing)), now)
+    assert query is not None
+    assert (query.outcome, query.reason) == ("unknown", "not_in_journal")
+    assert query.outputs["queried_command_id"] == str(missing)
+
+
+@pytest.mark.parametrize(
+    "action",
+    [
+        Cancel(node_id=NODE, command_id=uuid4()),
+        StartJob(node_id=NODE, job_id="j1"),
+        StopJob(node_id=NODE, job_id="j1"),
+        MigrateJob(node_id=NODE, job_id="j1", to_node_id="node-002"),
+        SetResources(node_id=NODE, job_id="j1", gpus=1, memory_mib=1024),
+    ],
+    ids=lambda action: action.action,
+)
+def test_job_actions_are_not_supported_yet(
+    executor: CommandExecutor, centre: Any, journal: Journal, now: datetime, action: Any
+) -> None:
+    result = executor.handle(centre.command(action), now)
+    assert result is not None
+    assert (result.outcome, result.reason) == ("failed", "not_supported_yet")
+    assert journal.mode == "active"
+
+
+def test_injected_failure(
+    executor: CommandExecutor, centre: Any, journal: Journal, state_dir: Path, now: datetime
+) -> None:
+    write_faults(state_dir, FaultPlan(fail_actions=["drain_node"]))
+    result = executor.handle(centre.command(seq=1), now)
+    assert result is not None
+    assert (result.outcome, result.reason) == ("failed", "injected_failure")
+    assert journal.mode == "active"
+    # Other actions are unaffected.
+    online = executor.handle(centre.command(OnlineNode(node_id=NODE), seq=2), now)
+    assert online is not None
+    assert online.outcome == "succeeded"
+
+
+def test_every_answer_is_journaled_before_it_is_returned(
+    executor: CommandExecutor, centre: Any, state_dir: Path, now: datetime
+) -> None:
+    results = [
+        executor.handle(centre.command(seq=1), now),
+        executor.handle(centre.command(OfflineNode(node_id=NODE), seq=1), now),  # stale_seq
+        executor.handle(centre.command(seq=2, ttl_s=900), now),  # ttl_too_long
+    ]
+    # A second connection sees them: they are committed, not merely buffered.
+    other = Journal.open(state_dir)
+    try:
+        for result in results:
+            assert result is not None
+            cached = other.cached_result(result.command_id)
+            assert cached == result
+        assert other.mode == "draining"
+    finally:
+        other.close()
