@@ -34,8 +34,13 @@ down:
 bench: setup
 	@source deploy/local/env.sh && $(BIN)/python -m bench.collector_throughput
 
+# The AsyncAPI document of every service's subscriptions, from the code (docs/asyncapi/).
 asyncapi: setup
-	$(BIN)/python -m services.asyncapi docs/asyncapi.json
+	@for svc in collector analyzer templater scheduler executor; do \
+	  WARDEN_STATE_DIR=$$(mktemp -d) $(BIN)/faststream docs gen services.$$svc.app:create_app \
+	    --factory -o docs/asyncapi/$$svc.json; done
+	@AGENT_NODE_ID=node-001 $(BIN)/faststream docs gen agent.app:create_app --factory \
+	  -o docs/asyncapi/agent.json
 
 clean: down
 	rm -rf .state .venv deploy/kafka/target

@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import platform
+import signal
 import tempfile
 import time
 from datetime import UTC, datetime
@@ -134,5 +135,11 @@ async def main() -> None:
         print(json.dumps(result))
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    # Turn SIGTERM (e.g. from `timeout`) into an exception, so the collectors are stopped.
+    raise SystemExit(143)
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     asyncio.run(main())

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from datetime import datetime, timedelta
+from datetime import datetime
+from typing import cast
 
 from faststream.kafka import KafkaMessage
 from opentelemetry import metrics, trace
@@ -82,7 +83,7 @@ class Collector:
                     summaries: list[tuple[int, Sample]], outcomes: Counter[str],
                     now: datetime) -> None:
         """Apply valid reports to node state; publish their samples and state transitions."""
-        applied = await self.store.apply_reports(usable)
+        applied = await self.store.apply_reports(usable, self.settings.suspect_after_intervals)
         samples: list[tuple[int, Sample]] = []
         transitions: list[NodeState] = []
         for (report, state, _), summary, result in zip(usable, summaries, applied, strict=True):
@@ -119,19 +120,22 @@ class Collector:
         now = now_utc()
         with self.tracer.start_as_current_span("collector.sweep_heartbeats"):
             for cluster in await self.store.clusters():
-                # The shortest suspect threshold any node could have (interval >= 0.1 s).
-                candidates = await self.store.silent_nodes(cluster, now - timedelta(seconds=0.1))
                 changes: list[NodeState] = []
-                for row in candidates:
+                for row in await self.store.due_nodes(cluster, now, limit=5_000):
                     last = epoch_to_datetime(row.last_report_at)
                     state = policy.heartbeat_state(
                         (now - last).total_seconds(), row.interval_s,
                         self.settings.suspect_after_intervals, self.settings.down_after_s,
                     )
-                    if state == "up" or row.state not in policy.HEARTBEAT_TRACKED_STATES:
-                        continue
+                    next_check = policy.next_heartbeat_check(
+                        last.timestamp(), row.interval_s, state,
+                        self.settings.suspect_after_intervals, self.settings.down_after_s,
+                    )
+                    if state == "up":
+                        # Not silent long enough (its interval changed): only reschedule.
+                        state = cast(NodeStateName, row.state)
                     previous = await self.store.mark_silent(
-                        cluster, row, state, policy.HEARTBEAT_TRACKED_STATES
+                        cluster, row, state, next_check, policy.HEARTBEAT_TRACKED_STATES
                     )
                     if previous is None:
                         continue

@@ -53,6 +53,18 @@ def heartbeat_state(
     return "up"
 
 
+def next_heartbeat_check(
+    last_report_s: float, interval_s: float, state: NodeStateName,
+    suspect_after_intervals: float, down_after_s: float,
+) -> float | None:
+    """When a silent node in `state` is next looked at (epoch seconds); None: no more."""
+    if state == "up":
+        return last_report_s + interval_s * suspect_after_intervals
+    if state == "suspect":
+        return last_report_s + down_after_s
+    return None
+
+
 # A node an operator or a task took out stays out until it is brought back; silence from a
 # node that is already offline is not news.
 HEARTBEAT_TRACKED_STATES: frozenset[str] = frozenset({"up", "suspect", "draining"})

@@ -14,14 +14,14 @@ from services.shared.redis_client import Keys, members, text
 # Applies a batch of reports, each only if it is newer than the last one applied to its node
 # (per-node sequence), in one atomic call: one script call per batch, not per report, keeps
 # Redis's share of the 5,000 reports/s path small. KEYS[1] is the cluster set; then two keys
-# per report (its node hash, its cluster's last-seen index); ARGV holds 10 values per report.
+# per report (its node hash, its cluster's heartbeat schedule); ARGV holds 11 values per report.
 # A redelivery of the last applied report answers 'replay' with the same previous state, so
 # the caller republishes the same (deterministically identified) events after a crash.
 APPLY_REPORTS = """
 local out = {}
 local n = (#KEYS - 1) / 2
 for i = 0, n - 1 do
-  local node, seen, a = KEYS[2 + 2 * i], KEYS[3 + 2 * i], 10 * i
+  local node, due, a = KEYS[2 + 2 * i], KEYS[3 + 2 * i], 11 * i
   local last_event = redis.call('HGET', node, 'last_event_id')
   if last_event == ARGV[a + 9] then
     out[#out + 1] = 'replay'
@@ -35,7 +35,7 @@ for i = 0, n - 1 do
       'state', ARGV[a + 3], 'pool', ARGV[a + 4], 'interval_s', ARGV[a + 5],
       'gpu_util', ARGV[a + 6], 'fault_count', ARGV[a + 7], 'node_id', ARGV[a + 8],
       'last_event_id', ARGV[a + 9], 'prev_state', prev)
-    redis.call('ZADD', seen, ARGV[a + 2], ARGV[a + 8])
+    redis.call('ZADD', due, ARGV[a + 11], ARGV[a + 8])
     redis.call('SADD', KEYS[1], ARGV[a + 10])
     out[#out + 1] = 'ok'
     out[#out + 1] = prev
@@ -45,17 +45,24 @@ return out
 """
 
 # Moves a silent node to `suspect` or `down`, only if no report arrived since the sweep read it.
+# Moves a silent node to `suspect` or `down` and schedules its next check (ARGV[3], or ''
+# for none), only if no report arrived since the sweep read it (a report reschedules itself).
+# A node in a state the heartbeat does not track (offline) leaves the schedule.
 MARK_SILENT = """
 if redis.call('HGET', KEYS[1], 'last_report_at') ~= ARGV[1] then return false end
 local state = redis.call('HGET', KEYS[1], 'state') or ''
-if state == ARGV[2] then return false end
-for i = 3, #ARGV do
-  if state == ARGV[i] then
-    redis.call('HSET', KEYS[1], 'state', ARGV[2])
-    return state
-  end
+local tracked = false
+for i = 5, #ARGV do
+  if state == ARGV[i] then tracked = true end
 end
-return false
+if (not tracked) or ARGV[3] == '' then
+  redis.call('ZREM', KEYS[2], ARGV[4])
+else
+  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
+end
+if (not tracked) or state == ARGV[2] then return false end
+redis.call('HSET', KEYS[1], 'state', ARGV[2])
+return state
 """
 
 
@@ -88,14 +95,18 @@ class NodeStore:
         self._mark = redis.register_script(MARK_SILENT)
 
     async def apply_reports(
-        self, reports: list[tuple[NodeReport, NodeStateName, float]]
+        self, reports: list[tuple[NodeReport, NodeStateName, float]], suspect_after: float
     ) -> list[Applied]:
-        """Apply (report, implied state, mean GPU util) triples in one atomic script call."""
+        """Apply (report, implied state, mean GPU util) triples in one atomic script call.
+
+        Each report also schedules its node's next heartbeat check: `suspect_after` report
+        intervals from now.
+        """
         keys: list[str] = [self.keys.clusters()]
         args: list[str | int | float] = []
         for report, state, util in reports:
             keys += [self.keys.node(report.cluster_id, report.node_id),
-                     self.keys.last_seen(report.cluster_id)]
+                     self.keys.heartbeat_due(report.cluster_id)]
             args += [
                 report.seq,
                 f"{report.occurred_at.timestamp():.6f}",
@@ -107,6 +118,7 @@ class NodeStore:
                 report.node_id,
                 str(report.event_id),
                 report.cluster_id,
+                f"{report.occurred_at.timestamp() + report.interval_s * suspect_after:.6f}",
             ]
         flat = await self._apply(keys=keys, args=args)
         return [
@@ -117,10 +129,10 @@ class NodeStore:
     async def clusters(self) -> list[str]:
         return sorted(text(m) for m in await self.redis.smembers(self.keys.clusters()))
 
-    async def silent_nodes(self, cluster: str, older_than: datetime) -> list[NodeRow]:
-        """Nodes whose last report is older than `older_than`."""
+    async def due_nodes(self, cluster: str, now: datetime, limit: int) -> list[NodeRow]:
+        """Nodes whose heartbeat check is due: only they are read, however large the fleet."""
         names = members(await self.redis.zrangebyscore(
-            self.keys.last_seen(cluster), "-inf", older_than.timestamp()
+            self.keys.heartbeat_due(cluster), "-inf", now.timestamp(), start=0, num=limit
         ))
         if not names:
             return []
@@ -136,12 +148,15 @@ class NodeStore:
         ]
 
     async def mark_silent(
-        self, cluster: str, row: NodeRow, new_state: NodeStateName, from_states: frozenset[str]
+        self, cluster: str, row: NodeRow, new_state: NodeStateName, next_check: float | None,
+        from_states: frozenset[str],
     ) -> NodeStateName | None:
         """Set the state of a silent node; returns the previous state if it changed."""
         prev = await self._mark(
-            keys=[self.keys.node(cluster, row.node_id)],
-            args=[row.last_report_at, new_state, *sorted(from_states)],
+            keys=[self.keys.node(cluster, row.node_id), self.keys.heartbeat_due(cluster)],
+            args=[row.last_report_at, new_state,
+                  "" if next_check is None else f"{next_check:.6f}", row.node_id,
+                  *sorted(from_states)],
         )
         return prev.decode() if prev else None
 

@@ -45,9 +45,9 @@ class Keys:
     def node(self, cluster: str, node: str) -> str:
         return f"{self.prefix}node:{cluster}:{node}"
 
-    def last_seen(self, cluster: str) -> str:
-        """ZSET node -> last report time (epoch seconds), for heartbeat detection."""
-        return f"{self.prefix}lastseen:{cluster}"
+    def heartbeat_due(self, cluster: str) -> str:
+        """ZSET node -> when its heartbeat is next checked (epoch seconds)."""
+        return f"{self.prefix}heartbeat-due:{cluster}"
 
     def clusters(self) -> str:
         return f"{self.prefix}clusters"

@@ -41,6 +41,13 @@ def test_heartbeat_state(silent_s: float, state: str) -> None:
     assert collector.heartbeat_state(silent_s, 2.0, 1.5, 30.0) == state
 
 
+@pytest.mark.parametrize(
+    ("state", "due"), [("up", 103.0), ("suspect", 130.0), ("down", None)]
+)
+def test_next_heartbeat_check(state: NodeStateName, due: float | None) -> None:
+    assert collector.next_heartbeat_check(100.0, 2.0, state, 1.5, 30.0) == due
+
+
 def test_summary_of_a_report() -> None:
     report = example("node_report", NodeReport)
     sample = collector.summarize(report, "collector", NOW)
