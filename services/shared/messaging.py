@@ -228,6 +228,18 @@ def all_topic_names(namespace: str) -> dict[str, int]:
     return names
 
 
+async def _wait_for_leaders(admin: AIOKafkaAdminClient, names: list[str],
+                            timeout_s: float = 30.0) -> None:
+    """Wait until every partition of new topics has a leader, so first reads do not fail."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while asyncio.get_running_loop().time() < deadline:
+        described = await admin.describe_topics(names)
+        if all(t["error_code"] == 0 and t["partitions"]
+               and all(p["leader"] >= 0 for p in t["partitions"]) for t in described):
+            return
+        await asyncio.sleep(0.2)
+
+
 async def ensure_topics(bootstrap: str, namespace: str, attempts: int = 30) -> None:
     """Create every topic of `namespace` if missing (idempotent; retries while Kafka starts)."""
     wanted = all_topic_names(namespace)
@@ -245,6 +257,7 @@ async def ensure_topics(bootstrap: str, namespace: str, attempts: int = 30) -> N
                 # Another service may have created them first.
                 with contextlib.suppress(TopicAlreadyExistsError):
                     await admin.create_topics(missing)
+                await _wait_for_leaders(admin, [t.name for t in missing])
             return
         except Exception as err:
             if attempt == attempts - 1:
