@@ -28,6 +28,7 @@ from schemas.events.v1 import now_utc
 from schemas.topics import Topic, topic_name
 from services import launcher
 from services.shared.messaging import ensure_topics
+from services.shared.registry import register
 from tests.contracts.examples import examples
 
 
@@ -93,6 +94,7 @@ async def run_case(bootstrap: str, redis_url: str, nodes: int, processes: int,
                    rounds: list[list[tuple[bytes, bytes]]]) -> dict[str, float]:
     namespace = f"bench{uuid4().hex[:8]}"
     await ensure_topics(bootstrap, namespace)
+    await register(redis_url, namespace, "bench", [f"node-{i:06d}" for i in range(nodes)])
     reports = topic_name(Topic.NODE_REPORTS, namespace)
     samples = topic_name(Topic.OPS_SAMPLES, namespace)
     state = Path(tempfile.mkdtemp(prefix="cw-bench-"))

@@ -9,6 +9,7 @@ from schemas.events.v1 import (
     NodeState,
     OpsNeed,
     OpsTask,
+    PoolHealth,
     SampleBatch,
     TaskControl,
     TaskEvent,
@@ -28,4 +29,5 @@ TOPIC_MODELS: dict[Topic, type[Envelope]] = {
     Topic.OPS_TASK_EVENTS: TaskEvent,
     Topic.OPS_TASK_CONTROL: TaskControl,
     Topic.OPS_ALERTS: Alert,
+    Topic.OPS_POOL_HEALTH: PoolHealth,
 }

@@ -16,6 +16,7 @@ class Topic(StrEnum):
     NODE_COMMAND_RESULTS = "node.command-results.v1"
     OPS_SAMPLES = "ops.samples.v1"
     OPS_NODE_STATE = "ops.node-state.v1"
+    OPS_POOL_HEALTH = "ops.pool-health.v1"
     OPS_NEEDS = "ops.needs.v1"
     OPS_TASKS = "ops.tasks.v1"
     OPS_TASKS_SCHEDULED = "ops.tasks.scheduled.v1"

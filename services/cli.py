@@ -18,6 +18,7 @@ from schemas.events.v1 import NodeState, OpsNeed, TaskEvent
 from schemas.topics import Topic, topic_name
 from services import launcher
 from services.shared.messaging import ensure_topics
+from services.shared.registry import register
 from services.shared.settings import ServiceSettings
 from services.shared.signing import ensure_keypair
 
@@ -45,6 +46,11 @@ def _service_env(settings: ServiceSettings) -> dict[str, str]:
         "WARDEN_CLUSTER_ID": settings.cluster_id,
         "WARDEN_STATE_DIR": str(_state_dir(settings)),
     }
+
+
+def _enrol(settings: ServiceSettings, nodes: list[str]) -> None:
+    """Register local agents: the collector quarantines reports from unknown nodes."""
+    asyncio.run(register(settings.redis_url, settings.namespace, settings.cluster_id, nodes))
 
 
 @app.command()
@@ -148,6 +154,7 @@ def fleet_up(
     _, public = ensure_keypair(state / "keys")
     agents = fleet.fleet_up(nodes, gpus, settings.cluster_id, settings.namespace, state,
                             _service_env(settings), [public], interval)
+    _enrol(settings, [a.node_id for a in agents])
     typer.echo(f"started {len(agents)} agents: " + ", ".join(a.node_id for a in agents))
 
 
@@ -210,6 +217,7 @@ def demo(
     services = launcher.start_services(state, env)
     agents = fleet.fleet_up(nodes, 2, settings.cluster_id, settings.namespace, state, env,
                             [public], 2.0)
+    _enrol(settings, [a.node_id for a in agents])
     typer.echo(f"services and {len(agents)} agents running; logs in {state / 'logs'}")
     victim = agents[min(1, len(agents) - 1)].node_id
 

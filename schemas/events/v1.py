@@ -27,6 +27,10 @@ NodeMode = Literal["active", "draining", "offline"]
 NodeStateName = Literal["up", "suspect", "down", "draining", "offline"]
 FaultKind = Literal["xid", "ecc", "hung_job", "probe_failed", "heartbeat_missed", "agent"]
 NeedKind = Literal["scale_out", "scale_in", "load_balance", "offline", "online"]
+NeedLevel = Literal["gpu", "node", "cluster"]
+# What a fault calls for, from the published XID playbooks (reset a GPU, reboot or replace
+# the node, or just drain it); `none` is an event worth recording but not acting on.
+ActionClass = Literal["none", "reset", "reboot", "replace", "drain"]
 TaskState = Literal[
     "created", "queued", "dispatched", "running", "paused", "succeeded", "failed", "terminated"
 ]
@@ -199,9 +203,33 @@ class OpsNeed(Envelope):
 
     event_type: Literal["ops_need"] = "ops_need"
     kind: NeedKind
+    level: NeedLevel = "node"
     pool: Identifier = "default"
     target: Identifier = Field(description="The node (or cluster) the need is about.")
     evidence: list[Evidence] = Field(min_length=1, max_length=32)
+    action_class: ActionClass | None = Field(
+        default=None, description="For a fault: what it calls for (reset, reboot, replace)."
+    )
+    dry_run: bool = Field(default=False, description="Raised to be seen, not acted on.")
+
+
+class PoolHealth(Envelope):
+    """A pool's health and utilisation, published every analysis period.
+
+    The scheduler's short-circuit reads `unhealthy_fraction`: above 40% no automatic
+    offline, drain or migrate; at 100% no action at all (more likely a monitoring fault).
+    """
+
+    event_type: Literal["pool_health"] = "pool_health"
+    pool: Identifier
+    nodes_total: Count
+    nodes_by_state: dict[NodeStateName, Count]
+    unhealthy_fraction: Annotated[float, Field(ge=0.0, le=1.0)]
+    gpu_utilization_pct: Percent
+    demand_pct: Annotated[float, Field(ge=0.0, le=1e6)] = Field(
+        default=0.0, description="Queued GPU demand as a share of the pool's capacity."
+    )
+    effective_utilization_pct: Annotated[float, Field(ge=0.0, le=1e6)]
 
 
 class DrainNode(Strict):
@@ -268,6 +296,21 @@ class SetResources(Strict):
     memory_mib: MiB
 
 
+class SetReportInterval(Strict):
+    """Change how often the agent reports (shorter by day, longer at night)."""
+
+    action: Literal["set_report_interval"] = "set_report_interval"
+    node_id: Identifier
+    interval_s: Annotated[float, Field(ge=0.5, le=3_600.0)]
+
+
+class ProbeNode(Strict):
+    """The centre's probe: answer at once, proving the command path works end to end."""
+
+    action: Literal["probe_node"] = "probe_node"
+    node_id: Identifier
+
+
 class QueryStatus(Strict):
     """Ask the agent what became of an earlier command."""
 
@@ -295,6 +338,8 @@ Action = Annotated[
     | StartJob
     | StopJob
     | SetResources
+    | SetReportInterval
+    | ProbeNode
     | QueryStatus
     | Cancel,
     Field(discriminator="action"),
@@ -308,6 +353,8 @@ ActionName = Literal[
     "start_job",
     "stop_job",
     "set_resources",
+    "set_report_interval",
+    "probe_node",
     "query_status",
     "cancel",
 ]
@@ -468,6 +515,7 @@ EVENT_MODELS: dict[str, type[Envelope]] = {
     "task_event": TaskEvent,
     "task_control": TaskControl,
     "alert": Alert,
+    "pool_health": PoolHealth,
 }
 
 

@@ -1,17 +1,17 @@
-"""What the analyzer knows about a node at one moment: the input of every need."""
+"""What the analyzer knows at one moment, per node and per pool: the inputs of every need."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.events.v1 import Fault, NodeStateName
+from schemas.events.v1 import Fault, GpuMetrics, NodeStateName
 
 
 class NodeObservation(BaseModel):
-    """A node's state and fault data, with the event it came from (the need's evidence)."""
+    """A node's state, utilisation and fault data, with the event it came from (evidence)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -22,6 +22,48 @@ class NodeObservation(BaseModel):
     fault_count: int
     faults: tuple[Fault, ...] = ()
     consecutive_faulty: int = 0
+    gpu_utilization_pct: float = 0.0
+    gpus: tuple[GpuMetrics, ...] = Field(
+        default=(), description="Per-GPU metrics, where the observation came from a report."
+    )
     observed_at: datetime
     source_event_id: UUID
     reason: str = ""
+    pool_effective_utilization_pct: float | None = Field(
+        default=None, description="The pool's effective utilisation at the time, if known."
+    )
+
+
+class PoolObservation(BaseModel):
+    """A pool of a cluster: how many nodes in each state, and how busy the up ones are."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cluster_id: str
+    pool: str
+    nodes_by_state: dict[NodeStateName, int]
+    gpu_utilization_pct: float = Field(description="Mean GPU utilisation of the up nodes.")
+    demand_pct: float = Field(
+        default=0.0, description="Queued GPU demand as a share of the pool's capacity, %."
+    )
+    observed_at: datetime
+
+    @property
+    def nodes_total(self) -> int:
+        return sum(self.nodes_by_state.values())
+
+    @property
+    def nodes_up(self) -> int:
+        return self.nodes_by_state.get("up", 0)
+
+    @property
+    def effective_utilization_pct(self) -> float:
+        """Usage plus queued demand: usage alone is a poor scaling signal."""
+        return self.gpu_utilization_pct + self.demand_pct
+
+    @property
+    def unhealthy_fraction(self) -> float:
+        """Nodes suspect or down, as a share of the nodes not deliberately out of service."""
+        counted = self.nodes_total - self.nodes_by_state.get("offline", 0)
+        unhealthy = self.nodes_by_state.get("suspect", 0) + self.nodes_by_state.get("down", 0)
+        return unhealthy / counted if counted else 0.0

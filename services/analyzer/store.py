@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from redis.asyncio import Redis
 
 from schemas.events.v1 import Sample
-from services.shared.redis_client import Keys
+from services.analyzer.conditions import ConditionState
+from services.analyzer.observation import PoolObservation
+from services.shared.redis_client import Keys, text
 
 # Updates the consecutive-fault run of every node in a batch in one atomic call, and returns
 # the runs. A sample already counted (redelivery) returns the run without counting it again.
@@ -55,3 +59,109 @@ class AnalyzerStore:
         """True if no need of this kind is open for `target` (and marks one open)."""
         key = self.keys.open_need(cluster, kind, target)
         return bool(await self.redis.set(key, b"1", nx=True, ex=ttl_s))
+
+
+# Downsamples a series into several resolutions: for each (seconds, length) pair, values in
+# the same bucket are averaged, and when a bucket ends its mean is pushed onto that
+# resolution's list (newest first, trimmed to length). KEYS[1] is the series' working hash;
+# ARGV[1] its list prefix, ARGV[2] the time (epoch s), ARGV[3] the value, then the pairs.
+DOWNSAMPLE = """
+local now, value = tonumber(ARGV[2]), tonumber(ARGV[3])
+for i = 4, #ARGV, 2 do
+  local res, len = ARGV[i], tonumber(ARGV[i + 1])
+  local bucket = math.floor(now / tonumber(res))
+  local state = redis.call('HMGET', KEYS[1], res .. ':b', res .. ':s', res .. ':n')
+  if state[1] and tonumber(state[1]) == bucket then
+    redis.call('HSET', KEYS[1], res .. ':s', tonumber(state[2]) + value,
+      res .. ':n', tonumber(state[3]) + 1)
+  else
+    if state[1] then
+      local list = ARGV[1] .. res
+      local mean = tonumber(state[2]) / tonumber(state[3])
+      redis.call('LPUSH', list, state[1] * tonumber(res) .. ':' .. string.format('%.3f', mean))
+      redis.call('LTRIM', list, 0, len - 1)
+    end
+    redis.call('HSET', KEYS[1], res .. ':b', bucket, res .. ':s', value, res .. ':n', 1)
+  end
+end
+return 1
+"""
+
+# Pool utilisation history kept for the forecast: 10 s for a day, 1 min for a week,
+# 1 h for a year.
+POOL_HISTORY: tuple[tuple[int, int], ...] = ((10, 8_640), (60, 10_080), (3_600, 8_760))
+
+
+class PoolStore:
+    """Pool aggregates (kept by the collector), condition states and utilisation history."""
+
+    def __init__(self, redis: Redis, keys: Keys) -> None:
+        self.redis = redis
+        self.keys = keys
+        self._downsample = redis.register_script(DOWNSAMPLE)
+
+    async def observe_pools(self, now: datetime) -> list[PoolObservation]:
+        """Every pool of every cluster, from the collector's aggregates and queued demand."""
+        clusters = sorted(text(c) for c in await self.redis.smembers(self.keys.clusters()))
+        pools: list[tuple[str, str]] = []
+        for cluster in clusters:
+            names = await self.redis.smembers(self.keys.pools(cluster))
+            pools += [(cluster, text(p)) for p in sorted(names, key=text)]
+        if not pools:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for cluster, pool in pools:
+                pipe.hgetall(self.keys.pool(cluster, pool))
+                pipe.get(self.keys.demand(cluster, pool))
+            rows = await pipe.execute()
+        observations = []
+        for (cluster, pool), aggregate, demand in zip(pools, rows[::2], rows[1::2], strict=True):
+            fields = {text(k): text(v) for k, v in aggregate.items()}
+            by_state = {
+                name: max(0, int(fields.get(f"n_{name}", "0")))
+                for name in ("up", "suspect", "down", "draining", "offline")
+            }
+            util_n = int(fields.get("util_n", "0"))
+            util = float(fields.get("util_sum", "0")) / util_n if util_n > 0 else 0.0
+            observations.append(PoolObservation(
+                cluster_id=cluster, pool=pool,
+                nodes_by_state={k: v for k, v in by_state.items() if v},  # type: ignore[misc]
+                gpu_utilization_pct=round(min(max(util, 0.0), 100.0), 3),
+                demand_pct=float(text(demand)) if demand is not None else 0.0,
+                observed_at=now,
+            ))
+        return observations
+
+    async def load_conditions(self, keys: list[str]) -> list[ConditionState | None]:
+        if not keys:
+            return []
+        values = await self.redis.mget(keys)
+        return [ConditionState.model_validate_json(v) if v else None for v in values]
+
+    async def save_conditions(self, items: list[tuple[str, ConditionState | None]],
+                              ttl_s: int = 86_400) -> None:
+        """Write changed condition states (None: the condition ended)."""
+        if not items:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for key, state in items:
+                if state is None:
+                    pipe.delete(key)
+                else:
+                    pipe.set(key, state.model_dump_json(), ex=ttl_s)
+            await pipe.execute()
+
+    async def record_utilization(self, pool: PoolObservation) -> None:
+        """Extend the pool's downsampled utilisation history."""
+        prefix = f"{self.keys.prefix}poolhist:{pool.cluster_id}:{pool.pool}:"
+        args: list[str | float | int] = [prefix, pool.observed_at.timestamp(),
+                                         pool.effective_utilization_pct]
+        for resolution, length in POOL_HISTORY:
+            args += [resolution, length]
+        await self._downsample(keys=[prefix + "work"], args=args)
+
+    async def try_lock_tick(self, name: str, ttl_s: float) -> bool:
+        """One pool analysis per period across every analyzer instance."""
+        return bool(
+            await self.redis.set(self.keys.sweep_lock(name), b"1", nx=True, px=int(ttl_s * 1000))
+        )

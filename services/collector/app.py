@@ -32,7 +32,8 @@ def create_app(settings: CollectorSettings | None = None) -> FastStream:
                          "warden-collector-bulk", tracer)
     collector = Collector(
         settings,
-        NodeStore(redis, Keys(settings.namespace)),
+        NodeStore(redis, Keys(settings.namespace), settings.require_registration,
+                  settings.history_minutes),
         bulk,
         dead_letters,
         tracer,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from datetime import datetime
-from typing import cast
+from typing import Any, cast
 
 from faststream.kafka import KafkaMessage
 from opentelemetry import metrics, trace
@@ -49,6 +49,7 @@ class Collector:
         """A batch of raw reports: each one is validated on its own, bad ones dead-lettered."""
         now = now_utc()
         usable: list[tuple[NodeReport, NodeStateName, float]] = []
+        records: list[Any] = []
         summaries: list[tuple[int, Sample]] = []
         outcomes: Counter[str] = Counter()
         for record in records_of(msg.raw_message):
@@ -72,22 +73,31 @@ class Collector:
                 continue
             summary = policy.summarize(report, SOURCE, now)
             summaries.append((record.partition, summary))
+            records.append(record)
             usable.append((report, policy.state_from_mode(report.mode),
                            summary.gpu_utilization_pct))
         if usable:
-            await self.apply(usable, summaries, outcomes, now)
+            await self.apply(usable, records, summaries, outcomes, now)
         for outcome, count in outcomes.items():
             self.reports_counter.add(count, {"outcome": outcome})
 
     async def apply(self, usable: list[tuple[NodeReport, NodeStateName, float]],
-                    summaries: list[tuple[int, Sample]], outcomes: Counter[str],
-                    now: datetime) -> None:
+                    records: list[Any], summaries: list[tuple[int, Sample]],
+                    outcomes: Counter[str], now: datetime) -> None:
         """Apply valid reports to node state; publish their samples and state transitions."""
         applied = await self.store.apply_reports(usable, self.settings.suspect_after_intervals)
         samples: list[tuple[int, Sample]] = []
         transitions: list[NodeState] = []
-        for (report, state, _), summary, result in zip(usable, summaries, applied, strict=True):
+        for (report, state, _), record, summary, result in zip(
+            usable, records, summaries, applied, strict=True
+        ):
             outcomes[result.outcome] += 1
+            if result.outcome == "unknown":
+                # Quarantined, not registered: a node must be enrolled before it counts.
+                await self.dead_letters.dead_letter(
+                    record, "unknown_node",
+                    f"node {report.node_id!r} is not registered in cluster {report.cluster_id!r}")
+                continue
             if result.outcome == "old":
                 continue  # an older report than one already applied: not used for decisions
             samples.append(summary)

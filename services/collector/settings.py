@@ -17,3 +17,9 @@ class CollectorSettings(ServiceSettings):
     suspect_after_intervals: float = Field(default=1.5, gt=1.0)
     down_after_s: float = Field(default=30.0, gt=0.0, description="Heartbeat grace period.")
     sweep_interval_s: float = Field(default=1.0, gt=0.0)
+    require_registration: bool = Field(
+        default=True, description="Reports from nodes not enrolled are quarantined."
+    )
+    history_minutes: int = Field(
+        default=1_440, ge=1, le=100_000, description="Per-node utilisation history kept."
+    )

@@ -11,32 +11,71 @@ from redis.asyncio import Redis
 from schemas.events.v1 import NodeReport, NodeStateName
 from services.shared.redis_client import Keys, members, text
 
-# Applies a batch of reports, each only if it is newer than the last one applied to its node
-# (per-node sequence), in one atomic call: one script call per batch, not per report, keeps
-# Redis's share of the 5,000 reports/s path small. KEYS[1] is the cluster set; then two keys
-# per report (its node hash, its cluster's heartbeat schedule); ARGV holds 11 values per report.
-# A redelivery of the last applied report answers 'replay' with the same previous state, so
-# the caller republishes the same (deterministically identified) events after a crash.
+# Applies a batch of reports in one atomic call (one script call per batch, not per report,
+# keeps Redis's share of the 5,000 reports/s path small). For each report, in order:
+#  * a node that is not registered answers 'unknown' (quarantined: no auto-registration);
+#  * a redelivery of the last applied report answers 'replay' with the same previous state,
+#    so the caller republishes the same (deterministically identified) events after a crash;
+#  * a report not newer than the last applied one (per-node sequence) answers 'old';
+#  * otherwise the node hash is updated, its next heartbeat check scheduled, the pool's
+#    aggregate (nodes per state, utilisation sum of the up nodes) moved from the old state
+#    to the new, and the node's per-minute utilisation history extended when a minute ends.
+# KEYS[1] is the cluster set; then two keys per report (node hash, heartbeat schedule).
+# ARGV[1] is the key prefix (aggregate, registry and history keys are derived from it, which
+# needs a single Redis or hash-tagged keys), ARGV[2] '1' if registration is required,
+# ARGV[3] the history length in minutes; then 11 values per report.
 APPLY_REPORTS = """
+local P, require_registered, history_len = ARGV[1], ARGV[2] == '1', tonumber(ARGV[3])
 local out = {}
 local n = (#KEYS - 1) / 2
 for i = 0, n - 1 do
-  local node, due, a = KEYS[2 + 2 * i], KEYS[3 + 2 * i], 11 * i
-  local last_event = redis.call('HGET', node, 'last_event_id')
-  if last_event == ARGV[a + 9] then
+  local node, due, a = KEYS[2 + 2 * i], KEYS[3 + 2 * i], 3 + 11 * i
+  local cluster, node_id, pool = ARGV[a + 10], ARGV[a + 8], ARGV[a + 4]
+  if require_registered and redis.call('SISMEMBER', P .. 'registry:' .. cluster, node_id) == 0
+  then
+    out[#out + 1] = 'unknown'
+    out[#out + 1] = ''
+  elseif redis.call('HGET', node, 'last_event_id') == ARGV[a + 9] then
     out[#out + 1] = 'replay'
     out[#out + 1] = redis.call('HGET', node, 'prev_state') or ''
   elseif tonumber(ARGV[a + 1]) <= tonumber(redis.call('HGET', node, 'seq') or '-1') then
     out[#out + 1] = 'old'
     out[#out + 1] = ''
   else
-    local prev = redis.call('HGET', node, 'state') or ''
+    local old = redis.call('HMGET', node, 'state', 'gpu_util', 'pool', 'minute', 'minute_sum',
+      'minute_n')
+    local prev, state, util = old[1] or '', ARGV[a + 3], tonumber(ARGV[a + 6])
+    if prev ~= '' then
+      local agg = P .. 'pool:' .. cluster .. ':' .. old[3]
+      redis.call('HINCRBY', agg, 'n_' .. prev, -1)
+      if prev == 'up' then
+        redis.call('HINCRBYFLOAT', agg, 'util_sum', -tonumber(old[2]))
+        redis.call('HINCRBY', agg, 'util_n', -1)
+      end
+    end
+    local agg = P .. 'pool:' .. cluster .. ':' .. pool
+    redis.call('HINCRBY', agg, 'n_' .. state, 1)
+    if state == 'up' then
+      redis.call('HINCRBYFLOAT', agg, 'util_sum', util)
+      redis.call('HINCRBY', agg, 'util_n', 1)
+    end
+    redis.call('SADD', P .. 'pools:' .. cluster, pool)
+    local minute = math.floor(tonumber(ARGV[a + 2]) / 60)
+    local msum, mn = util, 1
+    if old[4] and tonumber(old[4]) == minute then
+      msum, mn = tonumber(old[5]) + util, tonumber(old[6]) + 1
+    elseif old[4] then
+      local hist = P .. 'history:' .. cluster .. ':' .. node_id
+      redis.call('LPUSH', hist, old[4] .. ':' .. string.format('%.2f', old[5] / old[6]))
+      redis.call('LTRIM', hist, 0, history_len - 1)
+    end
     redis.call('HSET', node, 'seq', ARGV[a + 1], 'last_report_at', ARGV[a + 2],
-      'state', ARGV[a + 3], 'pool', ARGV[a + 4], 'interval_s', ARGV[a + 5],
-      'gpu_util', ARGV[a + 6], 'fault_count', ARGV[a + 7], 'node_id', ARGV[a + 8],
-      'last_event_id', ARGV[a + 9], 'prev_state', prev)
-    redis.call('ZADD', due, ARGV[a + 11], ARGV[a + 8])
-    redis.call('SADD', KEYS[1], ARGV[a + 10])
+      'state', state, 'pool', pool, 'interval_s', ARGV[a + 5],
+      'gpu_util', ARGV[a + 6], 'fault_count', ARGV[a + 7], 'node_id', node_id,
+      'last_event_id', ARGV[a + 9], 'prev_state', prev,
+      'minute', minute, 'minute_sum', msum, 'minute_n', mn)
+    redis.call('ZADD', due, ARGV[a + 11], node_id)
+    redis.call('SADD', KEYS[1], cluster)
     out[#out + 1] = 'ok'
     out[#out + 1] = prev
   end
@@ -46,8 +85,9 @@ return out
 
 # Moves a silent node to `suspect` or `down`, only if no report arrived since the sweep read it.
 # Moves a silent node to `suspect` or `down` and schedules its next check (ARGV[3], or ''
-# for none), only if no report arrived since the sweep read it (a report reschedules itself).
-# A node in a state the heartbeat does not track (offline) leaves the schedule.
+# for none), only if no report arrived since the sweep read it (a report reschedules itself),
+# moving it between states in its pool's aggregate (KEYS[3]) too. A node in a state the
+# heartbeat does not track (offline) leaves the schedule.
 MARK_SILENT = """
 if redis.call('HGET', KEYS[1], 'last_report_at') ~= ARGV[1] then return false end
 local state = redis.call('HGET', KEYS[1], 'state') or ''
@@ -62,13 +102,20 @@ else
 end
 if (not tracked) or state == ARGV[2] then return false end
 redis.call('HSET', KEYS[1], 'state', ARGV[2])
+redis.call('HINCRBY', KEYS[3], 'n_' .. state, -1)
+redis.call('HINCRBY', KEYS[3], 'n_' .. ARGV[2], 1)
+if state == 'up' then
+  local util = tonumber(redis.call('HGET', KEYS[1], 'gpu_util'))
+  redis.call('HINCRBYFLOAT', KEYS[3], 'util_sum', -util)
+  redis.call('HINCRBY', KEYS[3], 'util_n', -1)
+end
 return state
 """
 
 
 @dataclass(frozen=True)
 class Applied:
-    """What applying one report did: 'ok' | 'replay' | 'old', and the state before it."""
+    """What applying one report did: 'ok' | 'replay' | 'old' | 'unknown', the state before."""
 
     outcome: str
     previous: NodeStateName | None
@@ -88,9 +135,12 @@ class NodeRow:
 class NodeStore:
     """The collector's Redis adapter; calls for many nodes are pipelined."""
 
-    def __init__(self, redis: Redis, keys: Keys) -> None:
+    def __init__(self, redis: Redis, keys: Keys, require_registration: bool = True,
+                 history_minutes: int = 1_440) -> None:
         self.redis = redis
         self.keys = keys
+        self.require_registration = require_registration
+        self.history_minutes = history_minutes
         self._apply = redis.register_script(APPLY_REPORTS)
         self._mark = redis.register_script(MARK_SILENT)
 
@@ -103,7 +153,8 @@ class NodeStore:
         intervals from now.
         """
         keys: list[str] = [self.keys.clusters()]
-        args: list[str | int | float] = []
+        args: list[str | int | float] = [self.keys.prefix, 1 if self.require_registration else 0,
+                                         self.history_minutes]
         for report, state, util in reports:
             keys += [self.keys.node(report.cluster_id, report.node_id),
                      self.keys.heartbeat_due(report.cluster_id)]
@@ -153,7 +204,8 @@ class NodeStore:
     ) -> NodeStateName | None:
         """Set the state of a silent node; returns the previous state if it changed."""
         prev = await self._mark(
-            keys=[self.keys.node(cluster, row.node_id), self.keys.heartbeat_due(cluster)],
+            keys=[self.keys.node(cluster, row.node_id), self.keys.heartbeat_due(cluster),
+                  self.keys.pool(cluster, row.pool)],
             args=[row.last_report_at, new_state,
                   "" if next_check is None else f"{next_check:.6f}", row.node_id,
                   *sorted(from_states)],

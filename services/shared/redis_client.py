@@ -49,6 +49,29 @@ class Keys:
         """ZSET node -> when its heartbeat is next checked (epoch seconds)."""
         return f"{self.prefix}heartbeat-due:{cluster}"
 
+    def pool(self, cluster: str, pool: str) -> str:
+        """HASH of a pool's aggregate: nodes per state (n_<state>), utilisation of up nodes."""
+        return f"{self.prefix}pool:{cluster}:{pool}"
+
+    def pools(self, cluster: str) -> str:
+        return f"{self.prefix}pools:{cluster}"
+
+    def registry(self, cluster: str) -> str:
+        """SET of the node ids enrolled in a cluster; reports from others are quarantined."""
+        return f"{self.prefix}registry:{cluster}"
+
+    def history(self, cluster: str, node: str) -> str:
+        """LIST of "<minute>:<mean utilisation>" for a node, newest first."""
+        return f"{self.prefix}history:{cluster}:{node}"
+
+    def demand(self, cluster: str, pool: str) -> str:
+        """Queued GPU demand of a pool, as a share of its capacity (%), kept by the router."""
+        return f"{self.prefix}demand:{cluster}:{pool}"
+
+    def condition(self, need: str, cluster: str, target: str) -> str:
+        """A need's condition state for one target (JSON)."""
+        return f"{self.prefix}cond:{need}:{cluster}:{target}"
+
     def clusters(self) -> str:
         return f"{self.prefix}clusters"
 

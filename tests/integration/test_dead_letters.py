@@ -14,6 +14,7 @@ from redis.asyncio import Redis
 from schemas.events.v1 import NodeReport, now_utc
 from schemas.topics import Topic, dead_letter_name
 from services.shared.redis_client import Keys, text
+from services.shared.registry import register
 from tests.contracts.examples import example
 from tests.integration.harness import Record, Tap, name, producer, services, stack_env, tap
 
@@ -64,6 +65,8 @@ async def test_bad_reports_are_dead_lettered_and_the_next_good_one_is_processed(
     env = stack_env(kafka_bootstrap, redis_url, namespace, tmp_path)
     reports_topic = name(Topic.NODE_REPORTS, namespace)
     good = fresh_report()
+    stranger = fresh_report("node-666")  # valid, but never enrolled
+    await register(redis_url, namespace, "itest", ["node-001", "node-002"])
     async with services(env, tmp_path, ("collector",)):
         async with producer(kafka_bootstrap) as prod:
             sent = []
@@ -72,11 +75,13 @@ async def test_bad_reports_are_dead_lettered_and_the_next_good_one_is_processed(
                                                      partition=0))
             mismatch = await prod.send_and_wait(
                 reports_topic, good.model_dump_json().encode(), key=b"node-001", partition=0)
+            unknown = await prod.send_and_wait(
+                reports_topic, stranger.model_dump_json().encode(), key=b"node-666", partition=0)
             await prod.send_and_wait(reports_topic, good.model_dump_json().encode(),
                                      key=b"node-002", partition=0)
 
         async with tap(kafka_bootstrap, dead_letter_name(reports_topic)) as dlt:
-            for i in range(len(BAD_REPORTS) + 1):
+            for i in range(len(BAD_REPORTS) + 2):
                 await dlt.wait_for(holds_more_than(dlt, i), 90, f"dead letter {i}")
         by_offset = {int(dict(r.headers)["dlt-original-offset"]): r for r in dlt.records}
         for (label, body, reason), meta in zip(BAD_REPORTS, sent, strict=True):
@@ -89,6 +94,9 @@ async def test_bad_reports_are_dead_lettered_and_the_next_good_one_is_processed(
             assert record.value == body, label  # the original bytes, for replay
         mismatch_headers = {k: v.decode() for k, v in by_offset[mismatch.offset].headers}
         assert mismatch_headers["dlt-reason"] == "key_mismatch"
+        unknown_headers = {k: v.decode() for k, v in by_offset[unknown.offset].headers}
+        assert unknown_headers["dlt-reason"] == "unknown_node"
+        assert "node-666" in unknown_headers["dlt-error"]
 
         # The collector survived all of it and processed the good report behind them.
         async with tap(kafka_bootstrap, name(Topic.OPS_SAMPLES, namespace)) as samples:

@@ -14,6 +14,7 @@ import pytest
 from agent import fleet
 from schemas.events.v1 import TaskEvent
 from schemas.topics import Topic
+from services.shared.registry import register
 from services.shared.signing import ensure_keypair
 from tests.integration.harness import Record, Tap, name, services, stack_env, tap
 
@@ -48,7 +49,8 @@ async def test_a_gpu_fault_and_a_stopped_heartbeat_each_become_a_succeeded_offli
                     COLLECTOR_DOWN_AFTER_S="6", WARDEN_LOG_LEVEL="INFO")
     _, public = ensure_keypair(tmp_path / "keys")
     async with services(env, tmp_path):
-        fleet.fleet_up(3, 2, "itest", namespace, tmp_path, env, [public], 1.0)
+        agents = fleet.fleet_up(3, 2, "itest", namespace, tmp_path, env, [public], 1.0)
+        await register(redis_url, namespace, "itest", [a.node_id for a in agents])
         try:
             async with tap(kafka_bootstrap, name(Topic.OPS_TASK_EVENTS, namespace),
                            name(Topic.OPS_NODE_STATE, namespace)) as watch:
