@@ -7,13 +7,22 @@ from typing import Any
 from faststream import FastStream
 from faststream.message import StreamMessage
 
+from schemas.events.v1 import CommandResult
 from schemas.topics import Topic, topic_name
-from services.collector.handlers import Collector
+from services.collector.handlers import Collector, Prober
 from services.collector.settings import CollectorSettings
-from services.collector.store import NodeStore
-from services.shared.messaging import BulkPublisher, consumer_options, group_name, make_broker
+from services.collector.store import NodeStore, ProbeStore
+from services.shared.messaging import (
+    BulkPublisher,
+    EventBus,
+    consumer_options,
+    group_name,
+    make_broker,
+    strict_decoder,
+)
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import build_app
+from services.shared.signing import local_signer
 from services.shared.telemetry import setup_telemetry
 
 
@@ -30,15 +39,22 @@ def create_app(settings: CollectorSettings | None = None) -> FastStream:
     tracer = telemetry.tracer("clusterwarden.collector")
     bulk = BulkPublisher(settings.kafka_bootstrap_servers, settings.namespace,
                          "warden-collector-bulk", tracer)
+    keys = Keys(settings.namespace)
+    nodes = NodeStore(redis, keys, settings.require_registration, settings.history_minutes,
+                      settings.probe_period_s)
+    probes = ProbeStore(redis, keys)
     collector = Collector(
         settings,
-        NodeStore(redis, Keys(settings.namespace), settings.require_registration,
-                  settings.history_minutes),
+        nodes,
         bulk,
         dead_letters,
         tracer,
         telemetry.meter("clusterwarden.collector"),
+        probes,
     )
+    prober = Prober(settings, probes, nodes,
+                    local_signer(settings.signing_key, settings.state_dir),
+                    EventBus(broker, settings.namespace))
     broker.subscriber(
         topic_name(Topic.NODE_REPORTS, settings.namespace),
         batch=True,
@@ -46,10 +62,16 @@ def create_app(settings: CollectorSettings | None = None) -> FastStream:
         decoder=raw_bodies,
         **consumer_options(group_name(settings, "collector")),
     )(collector.on_reports)
+    broker.subscriber(
+        topic_name(Topic.NODE_COMMAND_RESULTS, settings.namespace),
+        decoder=strict_decoder(CommandResult, settings.max_message_bytes),
+        **consumer_options(group_name(settings, "collector-probes")),
+    )(prober.on_result)
     return build_app(
         broker,
         settings,
-        loops=[("heartbeat-sweep", settings.sweep_interval_s, collector.sweep_heartbeats)],
+        loops=[("heartbeat-sweep", settings.sweep_interval_s, collector.sweep_heartbeats),
+               ("probes", settings.sweep_interval_s, prober.tick)],
         starters=[bulk.start],
         closers=[bulk.stop, redis.aclose],
     )

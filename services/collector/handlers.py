@@ -4,21 +4,33 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, cast
+from uuid import uuid4
 
 from faststream.kafka import KafkaMessage
 from opentelemetry import metrics, trace
 from pydantic import ValidationError
 
-from schemas.events.v1 import NodeReport, NodeState, NodeStateName, Sample, now_utc
+from schemas.events.v1 import (
+    CommandPayload,
+    CommandResult,
+    Fault,
+    NodeReport,
+    NodeState,
+    NodeStateName,
+    ProbeNode,
+    Sample,
+    now_utc,
+)
 from schemas.topics import Topic
 from services.collector import policy
 from services.collector.settings import CollectorSettings
-from services.collector.store import NodeStore, epoch_to_datetime
+from services.collector.store import NodeStore, ProbeStore, epoch_to_datetime
 from services.shared.deadletter import DeadLetterPolicy, classify, records_of
 from services.shared.errors import PermanentError
-from services.shared.messaging import BulkPublisher, parse_event
+from services.shared.messaging import BulkPublisher, EventBus, parse_event
+from services.shared.signing import CommandSigner
 
 log = logging.getLogger("clusterwarden.collector")
 SOURCE = "collector"
@@ -35,8 +47,10 @@ class Collector:
         dead_letters: DeadLetterPolicy,
         tracer: trace.Tracer,
         meter: metrics.Meter,
+        probes: ProbeStore | None = None,
     ) -> None:
         self.settings = settings
+        self.probes = probes
         self.store = store
         self.bus = bus
         self.dead_letters = dead_letters
@@ -100,6 +114,14 @@ class Collector:
                 continue
             if result.outcome == "old":
                 continue  # an older report than one already applied: not used for decisions
+            if result.failed_probes:
+                partition, sample = summary
+                probe_fault = Fault(kind="probe_failed", detail=(
+                    f"{result.failed_probes} centre probe(s) in a row unanswered"))
+                summary = (partition, sample.model_copy(update={
+                    "faults": [*sample.faults, probe_fault],
+                    "fault_count": sample.fault_count + 1,
+                }))
             samples.append(summary)
             if result.previous != state:
                 transitions.append(
@@ -149,6 +171,9 @@ class Collector:
                     )
                     if previous is None:
                         continue
+                    if state == "suspect" and self.probes is not None:
+                        # The heartbeat side saw silence: ask the node directly, now.
+                        await self.probes.probe_now(cluster, row.node_id, now)
                     changes.append(
                         NodeState(
                             event_id=policy.derived_id("silent", cluster, row.node_id,
@@ -166,3 +191,53 @@ class Collector:
                         )
                     )
                 await self.bus.publish_many(Topic.OPS_NODE_STATE, changes)
+
+
+class Prober:
+    """The centre's side of two-way detection: it probes every node with a signed command.
+
+    A node that still reports but no longer answers commands gets a `probe_failed` fault in
+    its samples (so the offline need sees it); a node that stopped reporting is probed at
+    once when it turns suspect, and its answer (or silence) is on record for the operator.
+    """
+
+    def __init__(self, settings: CollectorSettings, probes: ProbeStore, nodes: NodeStore,
+                 signer: CommandSigner, bus: EventBus) -> None:
+        self.settings = settings
+        self.probes = probes
+        self.nodes = nodes
+        self.signer = signer
+        self.bus = bus
+
+    async def tick(self) -> None:
+        """Fail expired probes, then send the probes that are due."""
+        if not await self.nodes.try_lock_sweep("probes", self.settings.sweep_interval_s * 0.9):
+            return
+        now = now_utc()
+        for command_id in await self.probes.expired(now):
+            ended = await self.probes.end(command_id, answered=False, now=now)
+            if ended is not None:
+                log.warning("probe of %s unanswered (%d in a row)", *ended)
+        for cluster in await self.nodes.clusters():
+            for node in await self.probes.claim_due(cluster, now, self.settings.probe_period_s):
+                await self.send(cluster, node, now)
+
+    async def send(self, cluster: str, node: str, now: datetime) -> None:
+        deadline = now + timedelta(seconds=self.settings.probe_deadline_s)
+        payload = CommandPayload(
+            command_id=uuid4(),
+            node_id=node,
+            # Probes change nothing on the node, so they sit outside its command ordering and
+            # fencing (agents do not check seq or epoch for them).
+            seq=0,
+            epoch=1,
+            issued_at=now,
+            expires_at=deadline,
+            action=ProbeNode(node_id=node),
+        )
+        await self.probes.pending(str(payload.command_id), cluster, node, deadline.timestamp())
+        await self.bus.publish(Topic.NODE_COMMANDS, self.signer.sign(payload, cluster, SOURCE))
+
+    async def on_result(self, result: CommandResult) -> None:
+        """Any answer to a pending probe (even a rejection) proves the command path works."""
+        await self.probes.end(str(result.command_id), answered=True, now=now_utc())

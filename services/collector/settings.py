@@ -17,6 +17,16 @@ class CollectorSettings(ServiceSettings):
     suspect_after_intervals: float = Field(default=1.5, gt=1.0)
     down_after_s: float = Field(default=30.0, gt=0.0, description="Heartbeat grace period.")
     sweep_interval_s: float = Field(default=1.0, gt=0.0)
+    probe_period_s: float = Field(
+        default=60.0, gt=0.0, description="How often the centre probes each node."
+    )
+    probe_deadline_s: float = Field(
+        default=5.0, gt=0.0, le=300.0, description="A probe not answered by then has failed."
+    )
+    signing_key: str = Field(
+        default="",
+        description="PEM Ed25519 private key for probes; empty: <state_dir>/keys (shared).",
+    )
     require_registration: bool = Field(
         default=True, description="Reports from nodes not enrolled are quarantined."
     )

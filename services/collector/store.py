@@ -23,24 +23,30 @@ from services.shared.redis_client import Keys, members, text
 # KEYS[1] is the cluster set; then two keys per report (node hash, heartbeat schedule).
 # ARGV[1] is the key prefix (aggregate, registry and history keys are derived from it, which
 # needs a single Redis or hash-tagged keys), ARGV[2] '1' if registration is required,
-# ARGV[3] the history length in minutes; then 11 values per report.
+# ARGV[3] the history length in minutes, ARGV[4] the probe period (a node's first report
+# schedules its first centre probe); then 11 values per report. Each report answers three
+# values: outcome, previous state, and the node's count of consecutive failed probes.
 APPLY_REPORTS = """
 local P, require_registered, history_len = ARGV[1], ARGV[2] == '1', tonumber(ARGV[3])
+local probe_period = tonumber(ARGV[4])
 local out = {}
 local n = (#KEYS - 1) / 2
 for i = 0, n - 1 do
-  local node, due, a = KEYS[2 + 2 * i], KEYS[3 + 2 * i], 3 + 11 * i
+  local node, due, a = KEYS[2 + 2 * i], KEYS[3 + 2 * i], 4 + 11 * i
   local cluster, node_id, pool = ARGV[a + 10], ARGV[a + 8], ARGV[a + 4]
   if require_registered and redis.call('SISMEMBER', P .. 'registry:' .. cluster, node_id) == 0
   then
     out[#out + 1] = 'unknown'
     out[#out + 1] = ''
+    out[#out + 1] = 0
   elseif redis.call('HGET', node, 'last_event_id') == ARGV[a + 9] then
     out[#out + 1] = 'replay'
     out[#out + 1] = redis.call('HGET', node, 'prev_state') or ''
+    out[#out + 1] = tonumber(redis.call('HGET', node, 'probe_failures') or '0')
   elseif tonumber(ARGV[a + 1]) <= tonumber(redis.call('HGET', node, 'seq') or '-1') then
     out[#out + 1] = 'old'
     out[#out + 1] = ''
+    out[#out + 1] = 0
   else
     local old = redis.call('HMGET', node, 'state', 'gpu_util', 'pool', 'minute', 'minute_sum',
       'minute_n')
@@ -75,9 +81,12 @@ for i = 0, n - 1 do
       'last_event_id', ARGV[a + 9], 'prev_state', prev,
       'minute', minute, 'minute_sum', msum, 'minute_n', mn)
     redis.call('ZADD', due, ARGV[a + 11], node_id)
+    redis.call('ZADD', P .. 'probe-due:' .. cluster, 'NX', tonumber(ARGV[a + 2]) + probe_period,
+      node_id)
     redis.call('SADD', KEYS[1], cluster)
     out[#out + 1] = 'ok'
     out[#out + 1] = prev
+    out[#out + 1] = tonumber(redis.call('HGET', node, 'probe_failures') or '0')
   end
 end
 return out
@@ -119,6 +128,7 @@ class Applied:
 
     outcome: str
     previous: NodeStateName | None
+    failed_probes: int = 0
 
 
 @dataclass(frozen=True)
@@ -136,9 +146,10 @@ class NodeStore:
     """The collector's Redis adapter; calls for many nodes are pipelined."""
 
     def __init__(self, redis: Redis, keys: Keys, require_registration: bool = True,
-                 history_minutes: int = 1_440) -> None:
+                 history_minutes: int = 1_440, probe_period_s: float = 60.0) -> None:
         self.redis = redis
         self.keys = keys
+        self.probe_period_s = probe_period_s
         self.require_registration = require_registration
         self.history_minutes = history_minutes
         self._apply = redis.register_script(APPLY_REPORTS)
@@ -154,7 +165,7 @@ class NodeStore:
         """
         keys: list[str] = [self.keys.clusters()]
         args: list[str | int | float] = [self.keys.prefix, 1 if self.require_registration else 0,
-                                         self.history_minutes]
+                                         self.history_minutes, self.probe_period_s]
         for report, state, util in reports:
             keys += [self.keys.node(report.cluster_id, report.node_id),
                      self.keys.heartbeat_due(report.cluster_id)]
@@ -173,8 +184,9 @@ class NodeStore:
             ]
         flat = await self._apply(keys=keys, args=args)
         return [
-            Applied(text(flat[i]), cast(NodeStateName, text(flat[i + 1])) or None)
-            for i in range(0, len(flat), 2)
+            Applied(text(flat[i]), cast(NodeStateName, text(flat[i + 1])) or None,
+                    int(flat[i + 2]))
+            for i in range(0, len(flat), 3)
         ]
 
     async def clusters(self) -> list[str]:
@@ -221,3 +233,71 @@ class NodeStore:
 
 def epoch_to_datetime(text: str) -> datetime:
     return datetime.fromtimestamp(float(text), UTC)
+
+
+# Claims the probes that are due for a cluster: returns their node ids and reschedules each
+# one period later, atomically, so two collector instances never probe the same node twice.
+CLAIM_PROBES = """
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[3])
+for _, id in ipairs(ids) do
+  redis.call('ZADD', KEYS[1], tonumber(ARGV[1]) + tonumber(ARGV[2]), id)
+end
+return ids
+"""
+
+# Ends a pending probe: answered (ARGV[1] == 'ok') resets the node's failed-probe count;
+# expired adds one. Only the first ending counts (an answer after the deadline is late).
+END_PROBE = """
+local target = redis.call('HGET', KEYS[2], ARGV[2])
+if not target then return false end
+redis.call('HDEL', KEYS[2], ARGV[2])
+redis.call('ZREM', KEYS[1], ARGV[2])
+local node = ARGV[3] .. target
+if ARGV[1] == 'ok' then
+  redis.call('HSET', node, 'probe_failures', 0, 'probe_ok_at', ARGV[4])
+  return {target, 0}
+end
+return {target, redis.call('HINCRBY', node, 'probe_failures', 1)}
+"""
+
+
+class ProbeStore:
+    """The centre's active probes: what is due, what is pending, what failed."""
+
+    def __init__(self, redis: Redis, keys: Keys) -> None:
+        self.redis = redis
+        self.keys = keys
+        self._claim = redis.register_script(CLAIM_PROBES)
+        self._end = redis.register_script(END_PROBE)
+
+    def _targets(self) -> str:
+        return self.keys.probes_pending() + ":targets"
+
+    async def claim_due(self, cluster: str, now: datetime, period_s: float,
+                        limit: int = 500) -> list[str]:
+        ids = await self._claim(keys=[self.keys.probe_due(cluster)],
+                                args=[now.timestamp(), period_s, limit])
+        return [text(i) for i in ids]
+
+    async def probe_now(self, cluster: str, node: str, now: datetime) -> None:
+        """Probe a node at the next tick (its heartbeat was missed)."""
+        await self.redis.zadd(self.keys.probe_due(cluster), {node: now.timestamp()})
+
+    async def pending(self, command_id: str, cluster: str, node: str, deadline: float) -> None:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self._targets(), command_id, f"{cluster}:{node}")
+            pipe.zadd(self.keys.probes_pending(), {command_id: deadline})
+            await pipe.execute()
+
+    async def end(self, command_id: str, answered: bool, now: datetime) -> tuple[str, int] | None:
+        """(cluster:node, failed probes in a row) if this ended a pending probe."""
+        result = await self._end(
+            keys=[self.keys.probes_pending(), self._targets()],
+            args=["ok" if answered else "expired", command_id, self.keys.node_prefix(),
+                  now.timestamp()],
+        )
+        return (text(result[0]), int(result[1])) if result else None
+
+    async def expired(self, now: datetime, limit: int = 1_000) -> list[str]:
+        return members(await self.redis.zrangebyscore(
+            self.keys.probes_pending(), "-inf", now.timestamp(), start=0, num=limit))

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from faststream import FastStream
 
 from schemas.events.v1 import CommandResult, TaskScheduled
@@ -20,16 +18,8 @@ from services.shared.messaging import (
 )
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import build_app
-from services.shared.signing import ensure_keypair, signer_from_file
+from services.shared.signing import local_signer
 from services.shared.telemetry import setup_telemetry
-
-
-def signing_key_path(settings: ExecutorSettings) -> Path:
-    """The configured key, or a local one made on first start (for a local fleet)."""
-    if settings.signing_key:
-        return Path(settings.signing_key)
-    private, _ = ensure_keypair(Path(settings.state_dir) / "keys")
-    return private
 
 
 def create_app(settings: ExecutorSettings | None = None) -> FastStream:
@@ -38,7 +28,7 @@ def create_app(settings: ExecutorSettings | None = None) -> FastStream:
     broker, _ = make_broker(settings, "executor", telemetry)
     redis = connect_redis(settings.redis_url)
     keys = Keys(settings.namespace)
-    signer = signer_from_file(signing_key_path(settings))
+    signer = local_signer(settings.signing_key, settings.state_dir)
     executor = Executor(settings, Journal(redis, keys), signer,
                         EventBus(broker, settings.namespace), redis, keys)
     limit = settings.max_message_bytes

@@ -43,7 +43,10 @@ class Keys:
         return f"{self.prefix}dedupe:{consumer}:{event_id}"
 
     def node(self, cluster: str, node: str) -> str:
-        return f"{self.prefix}node:{cluster}:{node}"
+        return f"{self.node_prefix()}{cluster}:{node}"
+
+    def node_prefix(self) -> str:
+        return f"{self.prefix}node:"
 
     def heartbeat_due(self, cluster: str) -> str:
         """ZSET node -> when its heartbeat is next checked (epoch seconds)."""
@@ -71,6 +74,14 @@ class Keys:
     def condition(self, need: str, cluster: str, target: str) -> str:
         """A need's condition state for one target (JSON)."""
         return f"{self.prefix}cond:{need}:{cluster}:{target}"
+
+    def probe_due(self, cluster: str) -> str:
+        """ZSET node -> when the centre next probes it (epoch seconds)."""
+        return f"{self.prefix}probe-due:{cluster}"
+
+    def probes_pending(self) -> str:
+        """ZSET probe command id -> its deadline; HASH beside it: command id -> cluster/node."""
+        return f"{self.prefix}probes-pending"
 
     def clusters(self) -> str:
         return f"{self.prefix}clusters"

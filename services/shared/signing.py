@@ -129,3 +129,11 @@ def signer_from_file(path: Path) -> CommandSigner:
 def verifier_from_files(paths: list[Path]) -> CommandVerifier:
     keys = [load_public_key(p) for p in paths]
     return CommandVerifier({key_id(k): k for k in keys})
+
+
+def local_signer(configured: str, state_dir: str) -> CommandSigner:
+    """The configured private key, or a local pair made on first start (for a local fleet)."""
+    if configured:
+        return signer_from_file(Path(configured))
+    private, _ = ensure_keypair(Path(state_dir) / "keys")
+    return signer_from_file(private)

@@ -1,0 +1,65 @@
+"""Detection in depth on the real broker, Redis and agent processes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+
+from agent import fleet
+from schemas.events.v1 import OpsNeed
+from schemas.topics import Topic
+from services.shared.redis_client import Keys
+from services.shared.registry import register
+from services.shared.signing import ensure_keypair
+from tests.integration.harness import Record, name, services, stack_env, tap, until
+
+pytestmark = pytest.mark.integration
+
+
+def need_for(node: str, metric: str) -> object:
+    def check(record: Record) -> bool:
+        need = OpsNeed.model_validate_json(record.value)
+        return need.target == node and any(e.metric == metric for e in need.evidence)
+    return check
+
+
+async def test_a_node_that_reports_but_does_not_answer_probes_is_taken_offline(
+    kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    env = stack_env(kafka_bootstrap, redis_url, namespace, tmp_path,
+                    COLLECTOR_PROBE_PERIOD_S="2", COLLECTOR_PROBE_DEADLINE_S="2")
+    _, public = ensure_keypair(tmp_path / "keys")
+    async with services(env, tmp_path, ("collector", "analyzer")):
+        # node-001 trusts the centre's key and answers; node-002 trusts no key, so every
+        # command to it (probes included) is refused unread: it reports, but never answers.
+        healthy = fleet.fleet_up(1, 1, "itest", namespace, tmp_path, env, [public], 1.0)
+        deaf = fleet.fleet_up(1, 1, "itest", namespace, tmp_path, env, [], 1.0, first=2)
+        await register(redis_url, namespace, "itest", [a.node_id for a in healthy + deaf])
+        try:
+            async with tap(kafka_bootstrap, name(Topic.OPS_NEEDS, namespace)) as needs:
+                record = await needs.wait_for(need_for("node-002", "node_fault_count"), 90,
+                                              "an offline need for the node that never answers")
+                need = OpsNeed.model_validate_json(record.value)
+                assert need.kind == "offline"
+                assert "probe_failed" in need.evidence[0].detail
+                # The node that answers its probes raised nothing.
+                assert not [r for r in needs.records
+                            if json.loads(r.value)["target"] == "node-001"]
+            redis = Redis.from_url(redis_url)
+            try:
+                keys = Keys(namespace)
+
+                async def answered() -> bool:
+                    return bool(await redis.hget(keys.node("itest", "node-001"), "probe_ok_at"))
+
+                await until(answered, 30, "node-001 to answer a centre probe")
+                failures = await redis.hget(keys.node("itest", "node-002"), "probe_failures")
+                assert failures is not None
+                assert int(failures) >= 1
+            finally:
+                await redis.aclose()
+        finally:
+            fleet.fleet_down(tmp_path)
