@@ -9,7 +9,7 @@ from schemas.topics import Topic, topic_name
 from services.analyzer.handlers import Analyzer
 from services.analyzer.needs import enabled
 from services.analyzer.settings import AnalyzerSettings
-from services.analyzer.store import AnalyzerStore
+from services.analyzer.store import AnalyzerStore, PoolStore
 from services.shared.messaging import (
     EventBus,
     consumer_options,
@@ -27,11 +27,14 @@ def create_app(settings: AnalyzerSettings | None = None) -> FastStream:
     telemetry = setup_telemetry("analyzer")
     broker, _ = make_broker(settings, "analyzer", telemetry)
     redis = connect_redis(settings.redis_url)
+    keys = Keys(settings.namespace)
     analyzer = Analyzer(
         settings,
         enabled(settings.enabled_needs),
-        AnalyzerStore(redis, Keys(settings.namespace)),
+        AnalyzerStore(redis, keys),
+        PoolStore(redis, keys),
         EventBus(broker, settings.namespace),
+        keys,
     )
     limit = settings.max_message_bytes
     # One consumer group per topic, so a rebalance on one topic never pauses the other.
@@ -46,4 +49,8 @@ def create_app(settings: AnalyzerSettings | None = None) -> FastStream:
         decoder=strict_decoder(NodeState, limit),
         **consumer_options(group_name(settings, "analyzer-node-state")),
     )(analyzer.on_node_state)
-    return build_app(broker, settings, closers=[redis.aclose])
+    return build_app(
+        broker, settings,
+        loops=[("pool-analysis", settings.pool_period_s, analyzer.analyze_pools)],
+        closers=[redis.aclose],
+    )

@@ -1,74 +1,166 @@
-"""Analyzer handlers: observation in, registered needs evaluated, new needs published."""
+"""Analyzer handlers: observations in, registered needs evaluated, new needs published.
+
+Node-level needs run on every sample (and the stateless ones on node-state changes too);
+cluster-level needs run every pool period on the pools' aggregates, which also publishes
+each pool's health (nodes per state, unhealthy fraction, utilisation) for the scheduler.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from uuid import NAMESPACE_URL, uuid5
 
-from schemas.events.v1 import NodeMode, NodeState, NodeStateName, OpsNeed, SampleBatch, now_utc
+from pydantic import BaseModel
+
+from schemas.events.v1 import (
+    NodeMode,
+    NodeState,
+    NodeStateName,
+    OpsNeed,
+    PoolHealth,
+    SampleBatch,
+    now_utc,
+)
 from schemas.topics import Topic
+from services.analyzer.faults import classify
 from services.analyzer.needs import NeedModule
-from services.analyzer.observation import NodeObservation
+from services.analyzer.observation import NodeObservation, PoolObservation
 from services.analyzer.settings import AnalyzerSettings
-from services.analyzer.store import AnalyzerStore
+from services.analyzer.store import AnalyzerStore, PoolStore
 from services.shared.messaging import EventBus
+from services.shared.redis_client import Keys
 
 log = logging.getLogger("clusterwarden.analyzer")
 SOURCE = "analyzer"
-
-# The state a report implies: a reporting node is up unless it drained itself.
+_IDS = uuid5(NAMESPACE_URL, "clusterwarden/analyzer")
 _STATE_OF_MODE: Mapping[NodeMode, NodeStateName] = {
     "active": "up", "draining": "draining", "offline": "offline",
 }
 
 
 class Analyzer:
-    """Evaluates every enabled need against each observation of a node."""
+    """Evaluates every enabled need against node and pool observations."""
 
     def __init__(self, settings: AnalyzerSettings, needs: list[NeedModule], store: AnalyzerStore,
-                 bus: EventBus) -> None:
+                 pools: PoolStore, bus: EventBus, keys: Keys) -> None:
         self.settings = settings
         self.needs = needs
         self.store = store
+        self.pools = pools
         self.bus = bus
+        self.keys = keys
 
     async def on_samples(self, batch: SampleBatch) -> None:
-        """A batch of samples: one Redis call for the fault runs, then every need evaluated."""
-        runs = await self.store.fault_runs(batch.samples)
-        await self.evaluate([
+        """A batch of samples: fault runs in one Redis call, then every node need."""
+        # Only faults that call for action make a run: an application XID alone does not.
+        fault_args = self.settings.offline.faults
+        faulty = [bool(classify(s.faults, (), fault_args).counted) or
+                  s.fault_count > len(s.faults) for s in batch.samples]
+        runs = await self.store.fault_runs(batch.samples, faulty)
+        pool_load = {
+            (p.cluster_id, p.pool): p.effective_utilization_pct
+            for p in await self.pools.observe_pools(now_utc())
+        } if any(m.level == "node" and m.stateful for m in self.needs) else {}
+        await self.evaluate_nodes([
             NodeObservation(
                 cluster_id=sample.cluster_id, node_id=sample.node_id, pool=sample.pool,
                 state=_STATE_OF_MODE[sample.mode],
                 fault_count=sample.fault_count, faults=tuple(sample.faults),
-                consecutive_faulty=run, observed_at=sample.reported_at,
-                source_event_id=sample.report_event_id,
+                consecutive_faulty=run, gpu_utilization_pct=sample.gpu_utilization_pct,
+                observed_at=sample.reported_at, source_event_id=sample.report_event_id,
+                pool_effective_utilization_pct=pool_load.get((sample.cluster_id, sample.pool)),
             )
             for sample, run in zip(batch.samples, runs, strict=True)
-        ])
+        ], from_samples=True)
 
     async def on_node_state(self, event: NodeState) -> None:
-        await self.evaluate([
+        """A state change (e.g. `down`): only the stateless needs look at it, as it carries
+        no utilisation or fault data."""
+        await self.evaluate_nodes([
             NodeObservation(
                 cluster_id=event.cluster_id, node_id=event.node_id, pool=event.pool,
                 state=event.state, fault_count=0, observed_at=event.occurred_at,
                 source_event_id=event.event_id, reason=event.reason,
             )
-        ])
+        ], from_samples=False)
 
-    async def evaluate(self, observations: list[NodeObservation]) -> None:
-        """Run every enabled need over the observations; publish the needs not already open."""
+    async def evaluate_nodes(self, observations: list[NodeObservation],
+                             from_samples: bool) -> None:
         now = now_utc()
         raised: list[OpsNeed] = []
-        detected = [
-            need
-            for obs in observations
-            for module in self.needs
-            for need in module.detect(obs, getattr(self.settings, module.name), now, SOURCE)
-        ]
-        for need in detected:
+        for module in self.needs:
+            if module.level != "node":
+                continue
+            args = getattr(self.settings, module.name)
+            if module.detect is not None:
+                raised += [need for obs in observations
+                           for need in module.detect(obs, args, now, SOURCE)]
+            elif from_samples:
+                raised += await self._evaluate(
+                    module, args, observations, [o.node_id for o in observations], now)
+        await self.publish(raised)
+
+    async def analyze_pools(self) -> None:
+        """One pool period: publish each pool's health, then run the cluster-level needs."""
+        if not await self.pools.try_lock_tick("pools", self.settings.pool_period_s * 0.9):
+            return  # another analyzer instance analyses this period
+        now = now_utc()
+        observations = await self.pools.observe_pools(now)
+        for pool in observations:
+            await self.pools.record_utilization(pool)
+        await self.bus.publish_many(Topic.OPS_POOL_HEALTH,
+                                    [pool_health(pool, now) for pool in observations])
+        raised: list[OpsNeed] = []
+        for module in self.needs:
+            if module.level == "cluster":
+                raised += await self._evaluate(
+                    module, getattr(self.settings, module.name), observations,
+                    [o.pool for o in observations], now)
+        await self.publish(raised)
+
+    async def _evaluate(self, module: NeedModule, args: BaseModel,
+                        observations: Sequence[NodeObservation | PoolObservation],
+                        targets: list[str], now: datetime) -> list[OpsNeed]:
+        """A stateful need over many observations: priors in, next states out, in bulk."""
+        assert module.evaluate is not None
+        keys = [self.keys.condition(module.name, obs.cluster_id, target)
+                for obs, target in zip(observations, targets, strict=True)]
+        priors = await self.pools.load_conditions(keys)
+        changes, needs = [], []
+        for obs, key, prior in zip(observations, keys, priors, strict=True):
+            result = module.evaluate(obs, args, now, prior, SOURCE, self.settings.dry_run)
+            if result.state != prior:
+                changes.append((key, result.state))
+            needs += result.needs
+        await self.pools.save_conditions(changes)
+        return needs
+
+    async def publish(self, needs: list[OpsNeed]) -> None:
+        """Publish needs that are not already open (an identical open need is not raised)."""
+        fresh = []
+        for need in needs:
+            if self.settings.dry_run and not need.dry_run:
+                need = need.model_copy(update={"dry_run": True})
             if await self.store.open_need(need.cluster_id, need.kind, need.target,
                                           self.settings.open_need_ttl_s):
-                raised.append(need)
-                log.info("need %s for %s: %s", need.kind, need.target,
+                fresh.append(need)
+                log.info("need %s for %s%s: %s", need.kind, need.target,
+                         " (dry run)" if need.dry_run else "",
                          need.evidence[0].detail or need.evidence[0].metric)
-        await self.bus.publish_many(Topic.OPS_NEEDS, raised)
+        await self.bus.publish_many(Topic.OPS_NEEDS, fresh)
+
+
+def pool_health(pool: PoolObservation, now: datetime) -> PoolHealth:
+    """The published health of a pool at one analysis period."""
+    return PoolHealth(
+        event_id=uuid5(_IDS, f"health:{pool.cluster_id}:{pool.pool}:{now.timestamp():.3f}"),
+        source=SOURCE, occurred_at=now, cluster_id=pool.cluster_id, subject=pool.pool,
+        pool=pool.pool, nodes_total=pool.nodes_total,
+        nodes_by_state=dict(pool.nodes_by_state),
+        unhealthy_fraction=round(pool.unhealthy_fraction, 6),
+        gpu_utilization_pct=pool.gpu_utilization_pct,
+        demand_pct=pool.demand_pct,
+        effective_utilization_pct=round(pool.effective_utilization_pct, 3),
+    )

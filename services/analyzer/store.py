@@ -44,14 +44,14 @@ class AnalyzerStore:
         self.run_ttl_s = run_ttl_s
         self._runs = redis.register_script(FAULT_RUNS)
 
-    async def fault_runs(self, samples: list[Sample]) -> list[int]:
+    async def fault_runs(self, samples: list[Sample], faulty: list[bool]) -> list[int]:
         """Consecutive faulty samples of each sample's node, counting that sample."""
         if not samples:
             return []
         keys = [f"{self.keys.prefix}faultrun:{s.cluster_id}:{s.node_id}" for s in samples]
         args: list[str | int] = []
-        for s in samples:
-            args += [str(s.event_id), 1 if s.fault_count > 0 else 0]
+        for s, bad in zip(samples, faulty, strict=True):
+            args += [str(s.event_id), 1 if bad else 0]
         args.append(self.run_ttl_s)
         return [int(v) for v in await self._runs(keys=keys, args=args)]
 

@@ -104,6 +104,9 @@ async def services(env: dict[str, str], state_dir: Path,
     failed = True
     try:
         yield running
+        # A service that died during the test is a failure, whatever the test saw.
+        assert not launcher.dead_services(running), [s.name for s in
+                                                     launcher.dead_services(running)]
         failed = False
     finally:
         launcher.stop_services(running)
@@ -129,3 +132,10 @@ async def until(check: Callable[[], object], timeout_s: float, what: str) -> Non
             return
         await asyncio.sleep(0.2)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def is_up(node: str) -> Callable[[Record], bool]:
+    """True for a node-state record saying `node` is up."""
+    def check(record: Record) -> bool:
+        return record.key == node.encode() and b'"state":"up"' in record.value
+    return check

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from tests.integration.harness import Record, name, services, stack_env, tap, un
 pytestmark = pytest.mark.integration
 
 
-def need_for(node: str, metric: str) -> object:
+def need_for(node: str, metric: str) -> Callable[[Record], bool]:
     def check(record: Record) -> bool:
         need = OpsNeed.model_validate_json(record.value)
         return need.target == node and any(e.metric == metric for e in need.evidence)

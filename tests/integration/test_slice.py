@@ -16,7 +16,7 @@ from schemas.events.v1 import TaskEvent
 from schemas.topics import Topic
 from services.shared.registry import register
 from services.shared.signing import ensure_keypair
-from tests.integration.harness import Record, Tap, name, services, stack_env, tap
+from tests.integration.harness import Record, Tap, is_up, name, services, stack_env, tap
 
 pytestmark = pytest.mark.integration
 
@@ -32,13 +32,6 @@ def task_events_for(events: Tap, target: str) -> list[TaskEvent]:
 def is_success_of(events: Tap, target: str) -> Callable[[Record], bool]:
     def check(record: Record) -> bool:
         return any(e.state == "succeeded" for e in task_events_for(events, target))
-    return check
-
-
-def is_up(node: str) -> Callable[[Record], bool]:
-    """True for a node-state record saying `node` is up."""
-    def check(record: Record) -> bool:
-        return record.key == node.encode() and b'"state":"up"' in record.value
     return check
 
 

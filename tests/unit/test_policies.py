@@ -95,7 +95,7 @@ def test_fault_range_is_an_argument() -> None:
 
 
 def test_need_registry_is_explicit() -> None:
-    assert [m.name for m in REGISTRY] == ["offline"]
+    assert [m.name for m in REGISTRY] == ["offline", "online", "load_balance", "scale"]
     with pytest.raises(ValueError, match="unknown needs"):
         enabled(["offline", "teleport"])
 
@@ -157,3 +157,13 @@ def test_validation_errors_are_permanent() -> None:
     with pytest.raises(ValidationError) as err:
         OpsNeed.model_validate_json(b"{}")
     assert classify(err.value)[0] == "dead_letter"
+
+
+def test_analyzer_settings_load_with_every_need() -> None:
+    from services.analyzer.needs import enabled
+    from services.analyzer.settings import AnalyzerSettings
+
+    settings = AnalyzerSettings()
+    assert [m.name for m in enabled(settings.enabled_needs)] == [
+        "offline", "online", "load_balance", "scale"]
+    assert settings.scale.high_enter == 80.0

@@ -1,35 +1,66 @@
-"""The registry of ops needs: explicit, ordered by priority, one reason per entry."""
+"""The registry of ops needs: explicit, ordered by priority, one reason per entry.
+
+Two call shapes. `detect` needs are stateless: `detect(obs, args, now, source)`. `evaluate`
+needs keep a condition between observations (hysteresis, hold, one raise per episode):
+`evaluate(obs, args, now, prior, source, dry_run) -> Evaluation`, and the caller stores the
+returned state under (need, cluster, target). `level` says what they observe: a
+NodeObservation ("node") or a PoolObservation ("cluster").
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
 from schemas.events.v1 import OpsNeed
-from services.analyzer.needs import offline
+from services.analyzer.conditions import ConditionState, Evaluation
+from services.analyzer.needs import load_balance, offline, online, scale
 from services.analyzer.observation import NodeObservation
 
+ObservedLevel = Literal["node", "cluster"]
 Detect = Callable[[NodeObservation, Any, datetime, str], list[OpsNeed]]
+# The observation is a NodeObservation or a PoolObservation, as `level` says.
+Evaluate = Callable[[Any, Any, datetime, ConditionState | None, str, bool], Evaluation]
 
 
 @dataclass(frozen=True)
 class NeedModule:
-    """One ops need: its name, argument model and detector."""
+    """One ops need: its name, what it observes, its argument model and its one entry point."""
 
     name: str
+    level: ObservedLevel
     args: type[BaseModel]
-    detect: Detect
     reason: str
+    detect: Detect | None = None
+    evaluate: Evaluate | None = None
+
+    def __post_init__(self) -> None:
+        if (self.detect is None) == (self.evaluate is None):
+            raise ValueError(f"need {self.name}: exactly one of detect or evaluate")
+
+    @property
+    def stateful(self) -> bool:
+        """True for `evaluate` needs, whose condition state the caller keeps."""
+        return self.evaluate is not None
 
 
 REGISTRY: tuple[NeedModule, ...] = (
-    # First: a faulty node must leave service before any balancing or scaling counts on it.
-    NeedModule(offline.NAME, offline.Args, offline.detect,
-               "fault data outside its range takes the node offline"),
+    NeedModule(offline.NAME, offline.LEVEL, offline.Args,
+               "first: a faulty node must leave service before anything counts on it",
+               detect=offline.detect),
+    NeedModule(online.NAME, online.LEVEL, online.Args,
+               "a repaired node back in service is capacity the needs below can use",
+               evaluate=online.evaluate),
+    NeedModule(load_balance.NAME, load_balance.LEVEL, load_balance.Args,
+               "moving work inside a pool costs less than changing the pool's size",
+               evaluate=load_balance.evaluate),
+    NeedModule(scale.NAME, scale.LEVEL, scale.Args,
+               "last: capacity changes are the slowest and most expensive remedy",
+               evaluate=scale.evaluate),
 )
 
 

@@ -1,53 +1,104 @@
-"""The offline need: fault data outside its range (default: any fault at all)."""
+"""The offline need: fault data outside its range (default: any fault that calls for action)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
+from typing import Final
 from uuid import NAMESPACE_URL, uuid5
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.events.v1 import Evidence, OpsNeed
+from schemas.events.v1 import ActionClass, Evidence, NeedLevel, OpsNeed
+from services.analyzer.faults import (
+    NODE_FAULT_ACTION,
+    FaultArgs,
+    FaultVerdict,
+    classify,
+    describe,
+)
 from services.analyzer.observation import NodeObservation
 
-NAME = "offline"
+NAME: Final = "offline"
+LEVEL: Final = "node"
 _IDS = uuid5(NAMESPACE_URL, "clusterwarden/needs/offline")
+_MAX_EVIDENCE = 32
 
 
 class Args(BaseModel):
-    """The fault range and how long a fault must hold before it is a need."""
+    """The fault range, how long a fault must persist before it is a need, and classification."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    fault_max: int = Field(default=0, ge=0, description="More faults than this leave the range.")
+    fault_max: int = Field(
+        default=0, ge=0, description="More counted faults than this leave the range."
+    )
     min_consecutive_reports: int = Field(
         default=2, ge=1, le=100,
         description="A single bad report is never enough to take a node offline.",
     )
+    faults: FaultArgs = Field(default_factory=FaultArgs)
 
 
-def detect(obs: NodeObservation, args: Args, now: datetime, source: str) -> list[OpsNeed]:
-    """An offline need for a node that is down, or whose faults held above the range."""
+def _gpu_evidence(obs: NodeObservation, verdict: FaultVerdict) -> list[Evidence]:
+    """One line of evidence per faulty GPU: its faults and the class each calls for."""
+    by_gpu: dict[int, list[str]] = {}
+    for c in verdict.counted:
+        if c.fault.gpu_index is not None:
+            by_gpu.setdefault(c.fault.gpu_index, []).append(
+                f"{describe(c.fault)}: {c.action_class}")
+    return [
+        Evidence(
+            metric=f"gpu{index}_fault_count", value=float(len(lines)), range_low=0.0,
+            range_high=0.0, observed_at=obs.observed_at, source_event_id=obs.source_event_id,
+            detail="; ".join(lines)[:256],
+        )
+        for index, lines in sorted(by_gpu.items())
+    ][: _MAX_EVIDENCE - 1]
+
+
+def detect(
+    obs: NodeObservation,
+    args: Args,
+    now: datetime,
+    source: str,
+    *,
+    dry_run: bool = False,
+    recent_fatal: Mapping[int, int] | None = None,
+) -> list[OpsNeed]:
+    """An offline need for a node that is down, or whose counted faults held above the range.
+
+    `recent_fatal` counts each GPU's earlier fatal faults in the repeat window (from a fault
+    history the caller keeps); enough of them escalate that GPU's faults to `replace`.
+    """
+    action: ActionClass
+    level: NeedLevel
     if obs.state == "down":
-        evidence = Evidence(
+        evidence = [Evidence(
             metric="heartbeat_missed", value=1.0, range_low=0.0, range_high=0.0,
             observed_at=obs.observed_at, source_event_id=obs.source_event_id,
             detail=obs.reason[:256],
-        )
-    elif (
-        obs.state in ("up", "suspect")
-        and obs.fault_count > args.fault_max
-        and obs.consecutive_faulty >= args.min_consecutive_reports
-    ):
-        kinds = ",".join(sorted({f"{f.kind}:{f.code}" if f.code is not None else f.kind
-                                  for f in obs.faults}))
-        evidence = Evidence(
-            metric="node_fault_count", value=float(obs.fault_count), range_low=0.0,
-            range_high=float(args.fault_max), observed_at=obs.observed_at,
-            source_event_id=obs.source_event_id,
-            detail=f"{obs.consecutive_faulty} consecutive faulty reports; {kinds}"[:256],
-        )
+        )]
+        action, level = NODE_FAULT_ACTION, "node"
+    elif obs.state in ("up", "suspect"):
+        verdict = classify(obs.faults, obs.gpus, args.faults, recent_fatal)
+        # Faults only recorded (application XIDs, unknown XIDs) never take a node offline.
+        if (len(verdict.counted) <= args.fault_max
+                or obs.consecutive_faulty < args.min_consecutive_reports):
+            return []
+        evidence = [
+            Evidence(
+                metric="node_fault_count", value=float(len(verdict.counted)), range_low=0.0,
+                range_high=float(args.fault_max), observed_at=obs.observed_at,
+                source_event_id=obs.source_event_id,
+                detail=(f"{obs.consecutive_faulty} consecutive faulty reports; "
+                        f"{verdict.detail}")[:256],
+            ),
+            *_gpu_evidence(obs, verdict),
+        ]
+        action, level = verdict.action_class, "gpu" if verdict.gpu_only else "node"
     else:
+        # Draining or offline already: the node is on its way out, or out.
         return []
     return [
         OpsNeed(
@@ -58,8 +109,11 @@ def detect(obs: NodeObservation, args: Args, now: datetime, source: str) -> list
             subject=obs.node_id,
             correlation_id=str(obs.source_event_id),
             kind="offline",
+            level=level,
             pool=obs.pool,
             target=obs.node_id,
-            evidence=[evidence],
+            evidence=evidence,
+            action_class=action,
+            dry_run=dry_run,
         )
     ]

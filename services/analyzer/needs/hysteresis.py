@@ -1,0 +1,93 @@
+"""Shared by the stateful needs: a band with enter/exit thresholds, episodes and their ids."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+from uuid import UUID, uuid5
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from services.analyzer.conditions import ConditionState, held_for
+
+Side = Literal["high", "low"]
+
+
+class BandArgs(BaseModel):
+    """A utilisation range, %: a value enters above/below `*_enter` and leaves past `*_exit`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    low_enter: float = Field(default=20.0, ge=0.0, le=1e6)
+    low_exit: float = Field(default=25.0, ge=0.0, le=1e6)
+    high_enter: float = Field(default=80.0, ge=0.0, le=1e6)
+    high_exit: float = Field(default=75.0, ge=0.0, le=1e6)
+    hold_s: float = Field(
+        default=60.0, ge=0.0, le=86_400.0,
+        description="The condition must hold this long before it is a need (a spike is not).",
+    )
+
+    @model_validator(mode="after")
+    def _thresholds_nest(self) -> BandArgs:
+        # Exits inside entries, and the two sides apart: otherwise a value could be in both
+        # conditions at once, or leave one the moment it entered.
+        if not self.low_enter <= self.low_exit < self.high_exit <= self.high_enter:
+            raise ValueError(
+                "need low_enter <= low_exit < high_exit <= high_enter, got "
+                f"{self.low_enter}, {self.low_exit}, {self.high_exit}, {self.high_enter}"
+            )
+        return self
+
+
+def band_side(
+    prior: str | None, value: float, band: BandArgs, *, allow_low: bool = True
+) -> Side | None:
+    """The side of the band `value` is on, given the side it was on: exits are looser."""
+    if prior == "high" and value >= band.high_exit:
+        return "high"
+    if prior == "low" and allow_low and value <= band.low_exit:
+        return "low"
+    if value > band.high_enter:
+        return "high"
+    if allow_low and value < band.low_enter:
+        return "low"
+    return None
+
+
+def advance(
+    prior: ConditionState | None, in_force: str | None, at: datetime, hold_s: float
+) -> tuple[ConditionState | None, bool]:
+    """The condition's next state and whether to raise now (once per episode, after the hold).
+
+    `in_force` names the condition that holds at `at` (None: none does). The same name as
+    before continues the episode; a different one ends it and starts another.
+    """
+    if in_force is None:
+        return None, False
+    state = (
+        prior if prior is not None and prior.detail == in_force
+        else ConditionState(since=at, detail=in_force)
+    )
+    if not state.raised and held_for(state, at) >= hold_s:
+        return state.model_copy(update={"raised": True}), True
+    return state, False
+
+
+def episode_id(
+    namespace: UUID, cluster: str, pool: str, target: str, kind: str, since: datetime
+) -> UUID:
+    """A need's id from its episode: replaying the same observations raises the same event."""
+    return uuid5(namespace, f"{cluster}/{pool}/{target}/{kind}/{since.isoformat()}")
+
+
+def held_detail(state: ConditionState, at: datetime, hold_s: float) -> str:
+    """How long a condition held, over which window, against which hold."""
+    return (f"held {held_for(state, at):.0f}s from {state.since.isoformat()} "
+            f"to {at.isoformat()} (hold {hold_s:.0f}s)")
+
+
+def band_detail(side: Side, value: float, band: BandArgs) -> str:
+    """Which edge of the band a value crossed, and where it would leave the condition."""
+    if side == "high":
+        return f"{value:.1f}% above {band.high_enter:g}% (leaves below {band.high_exit:g}%)"
+    return f"{value:.1f}% below {band.low_enter:g}% (leaves above {band.low_exit:g}%)"

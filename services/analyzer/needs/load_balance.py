@@ -1,0 +1,95 @@
+"""The load-balance need: one node out of its range while its pool, as a whole, is inside."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Final
+from uuid import NAMESPACE_URL, uuid5
+
+from pydantic import Field, model_validator
+
+from schemas.events.v1 import Evidence, OpsNeed
+from services.analyzer.conditions import ConditionState, Evaluation
+from services.analyzer.needs.hysteresis import (
+    BandArgs,
+    advance,
+    band_detail,
+    band_side,
+    episode_id,
+    held_detail,
+)
+from services.analyzer.observation import NodeObservation
+
+NAME: Final = "load_balance"
+LEVEL: Final = "node"
+_IDS = uuid5(NAMESPACE_URL, "clusterwarden/needs/load_balance")
+
+
+class Args(BandArgs):
+    """The node's range (default 20-80 %, left at 25/75 %) and the pool range it applies in."""
+
+    pool_low: float = Field(default=20.0, ge=0.0, le=1e6)
+    pool_high: float = Field(default=80.0, ge=0.0, le=1e6)
+
+    @model_validator(mode="after")
+    def _pool_range_ordered(self) -> Args:
+        if self.pool_low > self.pool_high:
+            raise ValueError(f"need pool_low <= pool_high, got {self.pool_low}, {self.pool_high}")
+        return self
+
+
+def pool_in_range(obs: NodeObservation, args: Args) -> bool:
+    """True when the pool's effective utilisation is known and inside its range."""
+    pool = obs.pool_effective_utilization_pct
+    # A pool out of its range is a scaling matter: moving work between nodes cannot fix it.
+    return pool is not None and args.pool_low <= pool <= args.pool_high
+
+
+def evaluate(
+    obs: NodeObservation,
+    args: Args,
+    now: datetime,
+    prior: ConditionState | None,
+    source: str,
+    dry_run: bool = False,
+) -> Evaluation:
+    """A node busier or idler than its range for `hold_s`, in a pool that is inside its own."""
+    # Only a node in service can give or take work; any other state ends the episode.
+    if obs.state != "up" or not pool_in_range(obs, args):
+        return Evaluation(None, [])
+    value = obs.gpu_utilization_pct
+    side = band_side(prior.detail if prior else None, value, args)
+    state, raise_now = advance(prior, side, obs.observed_at, args.hold_s)
+    if state is None or side is None or not raise_now:
+        return Evaluation(state, [])
+    pool_value = obs.pool_effective_utilization_pct or 0.0
+    need = OpsNeed(
+        event_id=episode_id(_IDS, obs.cluster_id, obs.pool, obs.node_id, "load_balance",
+                            state.since),
+        source=source,
+        occurred_at=now,
+        cluster_id=obs.cluster_id,
+        subject=obs.node_id,
+        correlation_id=str(obs.source_event_id),
+        kind="load_balance",
+        level=LEVEL,
+        pool=obs.pool,
+        target=obs.node_id,
+        evidence=[
+            Evidence(
+                metric="node_gpu_utilization_pct", value=value,
+                range_low=args.low_enter, range_high=args.high_enter,
+                observed_at=obs.observed_at, source_event_id=obs.source_event_id,
+                detail=(f"{band_detail(side, value, args)}; "
+                        f"{held_detail(state, obs.observed_at, args.hold_s)}")[:256],
+            ),
+            Evidence(
+                metric="pool_effective_utilization_pct", value=pool_value,
+                range_low=args.pool_low, range_high=args.pool_high,
+                observed_at=obs.observed_at, source_event_id=obs.source_event_id,
+                detail=f"pool {obs.pool} inside its range: balancing, not scaling"[:256],
+            ),
+        ],
+        dry_run=dry_run,
+    )
+    return Evaluation(state, [need])
