@@ -43,6 +43,9 @@ def create_app(settings: CollectorSettings | None = None) -> FastStream:
     nodes = NodeStore(redis, keys, settings.require_registration, settings.history_minutes,
                       settings.probe_period_s)
     probes = ProbeStore(redis, keys)
+    prober = Prober(settings, probes, nodes,
+                    local_signer(settings.signing_key, settings.state_dir),
+                    EventBus(broker, settings.namespace))
     collector = Collector(
         settings,
         nodes,
@@ -51,10 +54,8 @@ def create_app(settings: CollectorSettings | None = None) -> FastStream:
         tracer,
         telemetry.meter("clusterwarden.collector"),
         probes,
+        prober,
     )
-    prober = Prober(settings, probes, nodes,
-                    local_signer(settings.signing_key, settings.state_dir),
-                    EventBus(broker, settings.namespace))
     broker.subscriber(
         topic_name(Topic.NODE_REPORTS, settings.namespace),
         batch=True,

@@ -21,6 +21,7 @@ from schemas.events.v1 import (
     NodeStateName,
     ProbeNode,
     Sample,
+    SetReportInterval,
     now_utc,
 )
 from schemas.topics import Topic
@@ -48,9 +49,11 @@ class Collector:
         tracer: trace.Tracer,
         meter: metrics.Meter,
         probes: ProbeStore | None = None,
+        prober: Prober | None = None,
     ) -> None:
         self.settings = settings
         self.probes = probes
+        self.prober = prober
         self.store = store
         self.bus = bus
         self.dead_letters = dead_letters
@@ -142,6 +145,10 @@ class Collector:
                 )
         await self.bus.publish_many(Topic.OPS_SAMPLES,
                                     policy.batch_samples(samples, SOURCE, now))
+        if self.prober is not None:
+            await self.prober.steer_intervals(
+                [report for (report, _, _), result in zip(usable, applied, strict=True)
+                 if result.outcome == "ok"], now)
         await self.bus.publish_many(Topic.OPS_NODE_STATE, transitions)
 
     async def sweep_heartbeats(self) -> None:
@@ -237,6 +244,31 @@ class Prober:
         )
         await self.probes.pending(str(payload.command_id), cluster, node, deadline.timestamp())
         await self.bus.publish(Topic.NODE_COMMANDS, self.signer.sign(payload, cluster, SOURCE))
+
+    async def steer_intervals(self, reports: list[NodeReport], now: datetime) -> None:
+        """Ask nodes whose report interval is not the scheduled one (day/night) to change it."""
+        settings = self.settings
+        wanted = policy.desired_interval(now, settings.day_interval_s, settings.night_interval_s,
+                                         settings.day_start_hour, settings.day_end_hour)
+        if wanted is None:
+            return
+        for report in reports:
+            if abs(report.interval_s - wanted) < 1e-6:
+                continue
+            # At most one request per node per half minute, whoever of the instances sees it.
+            if not await self.probes.request_once(report.cluster_id, report.node_id, 30.0):
+                continue
+            payload = CommandPayload(
+                command_id=uuid4(), node_id=report.node_id,
+                # Setting an absolute interval is idempotent and disrupts nothing, so like a
+                # probe it sits outside the node's command ordering and fencing.
+                seq=0, epoch=1, issued_at=now, expires_at=now + timedelta(seconds=60),
+                action=SetReportInterval(node_id=report.node_id, interval_s=wanted),
+            )
+            await self.bus.publish(Topic.NODE_COMMANDS,
+                                   self.signer.sign(payload, report.cluster_id, SOURCE))
+            log.info("asked %s to report every %.1fs (was %.1fs)", report.node_id, wanted,
+                     report.interval_s)
 
     async def on_result(self, result: CommandResult) -> None:
         """Any answer to a pending probe (even a rejection) proves the command path works."""

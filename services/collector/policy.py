@@ -134,3 +134,19 @@ def batch_samples(
                 )
             )
     return batches
+
+
+def desired_interval(now: datetime, day_interval_s: float | None, night_interval_s: float | None,
+                     day_start_hour: int, day_end_hour: int) -> float | None:
+    """The report interval the centre wants now: shorter by day, longer at night (UTC hours).
+
+    None when no schedule is configured: agents keep their own interval.
+    """
+    if day_interval_s is None or night_interval_s is None:
+        return None
+    hour = now.hour
+    if day_start_hour <= day_end_hour:
+        is_day = day_start_hour <= hour < day_end_hour
+    else:  # a day that wraps midnight, e.g. 20-06
+        is_day = hour >= day_start_hour or hour < day_end_hour
+    return day_interval_s if is_day else night_interval_s

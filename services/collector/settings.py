@@ -27,6 +27,13 @@ class CollectorSettings(ServiceSettings):
         default="",
         description="PEM Ed25519 private key for probes; empty: <state_dir>/keys (shared).",
     )
+    day_interval_s: float | None = Field(
+        default=None, ge=0.5, le=3_600.0,
+        description="Report interval the centre sets by day (with night_interval_s; off if unset).",
+    )
+    night_interval_s: float | None = Field(default=None, ge=0.5, le=3_600.0)
+    day_start_hour: int = Field(default=7, ge=0, le=23, description="UTC hour the day starts.")
+    day_end_hour: int = Field(default=21, ge=0, le=23, description="UTC hour the day ends.")
     require_registration: bool = Field(
         default=True, description="Reports from nodes not enrolled are quarantined."
     )

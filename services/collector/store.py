@@ -279,6 +279,11 @@ class ProbeStore:
                                 args=[now.timestamp(), period_s, limit])
         return [text(i) for i in ids]
 
+    async def request_once(self, cluster: str, node: str, ttl_s: float) -> bool:
+        """True once per `ttl_s` for a node: keeps a request from repeating every report."""
+        key = f"{self.keys.prefix}interval-request:{cluster}:{node}"
+        return bool(await self.redis.set(key, b"1", nx=True, px=int(ttl_s * 1000)))
+
     async def probe_now(self, cluster: str, node: str, now: datetime) -> None:
         """Probe a node at the next tick (its heartbeat was missed)."""
         await self.redis.zadd(self.keys.probe_due(cluster), {node: now.timestamp()})

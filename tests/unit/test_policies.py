@@ -167,3 +167,13 @@ def test_analyzer_settings_load_with_every_need() -> None:
     assert [m.name for m in enabled(settings.enabled_needs)] == [
         "offline", "online", "load_balance", "scale"]
     assert settings.scale.high_enter == 80.0
+
+
+@pytest.mark.parametrize(
+    ("hour", "start", "end", "wanted"),
+    [(12, 7, 21, 5.0), (6, 7, 21, 30.0), (21, 7, 21, 30.0), (23, 20, 6, 5.0), (7, 20, 6, 30.0)],
+)
+def test_day_and_night_report_intervals(hour: int, start: int, end: int, wanted: float) -> None:
+    now = NOW.replace(hour=hour)
+    assert collector.desired_interval(now, 5.0, 30.0, start, end) == wanted
+    assert collector.desired_interval(now, None, 30.0, start, end) is None
