@@ -15,13 +15,14 @@ from faststream.kafka.subscriber.usecase import DefaultSubscriber
 from opentelemetry.trace import SpanKind, Tracer
 
 from agent.commands import CommandExecutor
-from agent.device import GpuProbe, open_probe
-from agent.faults import FaultPlan, read_faults
+from agent.device import GpuProbe, NvmlProbe, open_probe
+from agent.faults import FaultPlan, read_faults, reports_paused
 from agent.host import HostSampler
-from agent.jobs import SimulatedJobs
+from agent.jobs import JobManager, JobSource, SimulatedJobs, job_specs
 from agent.journal import Journal
+from agent.peers import EchoListener, PeerProber
 from agent.report import Reporter
-from agent.settings import AgentSettings
+from agent.settings import SIMULATED_JOBS, AgentSettings
 from schemas.events.v1 import Command, now_utc
 from schemas.topics import Topic, topic_name
 from services.shared.errors import InfrastructureUnavailable
@@ -37,8 +38,19 @@ from services.shared.signing import CommandVerifier, verifier_from_files
 from services.shared.telemetry import setup_telemetry, shutdown_telemetry
 
 log = logging.getLogger("clusterwarden.agent")
+URGENT_POLL_S = 0.25
 
 COMMAND_LIMIT_BYTES = 16_384  # RELIABILITY §4.4 step 1, checked before parsing
+
+
+def make_jobs(settings: AgentSettings, state_dir: Path) -> JobSource:
+    """The node's jobs as the settings choose them: processes, a simulation, or none."""
+    if settings.jobs == SIMULATED_JOBS:
+        return SimulatedJobs(settings.node_id, settings.gpus, now_utc())
+    specs = job_specs(settings.node_id, settings.gpus, settings.job_names(),
+                      checkpoint_every_s=settings.checkpoint_every_s)
+    return JobManager(specs, state_dir, hung_after_s=settings.hung_after_s,
+                      stop_timeout_s=settings.job_stop_timeout_s)
 
 
 class Agent:
@@ -56,8 +68,16 @@ class Agent:
         self._probe: GpuProbe | None = None
         self._executor: CommandExecutor | None = None
         self._reporter: Reporter | None = None
+        self._jobs: JobSource | None = None
+        self._listener = EchoListener(self.state_dir, settings.probe_port)
+        self._peers = PeerProber(settings.node_id, self.state_dir.parent,
+                                 count=settings.peer_probes, timeout_s=settings.probe_timeout_s)
         self._stop = asyncio.Event()
+        # Set on stop and after every command, so a changed interval takes effect at once.
+        self._wake = asyncio.Event()
+        self._reported_plan = FaultPlan()
         self._loop_task: asyncio.Task[None] | None = None
+        self._probe_task: asyncio.Task[object] | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -81,10 +101,12 @@ class Agent:
             leeway_s=settings.command_leeway_s,
             max_ttl_s=settings.max_command_ttl_s,
             fault_plan=lambda: read_faults(self.state_dir),
+            default_interval_s=settings.interval_s,
         )
         # Seeded by the node's name, so a node's simulated GPUs look the same every run.
         seed = zlib.crc32(f"{settings.cluster_id}/{settings.node_id}".encode())
         probe = self._probe = open_probe(settings.gpus, seed=seed)
+        jobs = self._jobs = make_jobs(settings, self.state_dir)
         self._reporter = Reporter(
             node_id=settings.node_id,
             cluster_id=settings.cluster_id,
@@ -93,14 +115,30 @@ class Agent:
             probe=probe,
             host=HostSampler(),
             journal=journal,
-            jobs=SimulatedJobs(settings.node_id, settings.gpus, now_utc()),
+            jobs=jobs,
+            peer_probes=self._peers.latest,
         )
-        log.info("agent %s (cluster %s, pool %s): state in %s, mode %s", settings.node_id,
-                 settings.cluster_id, settings.pool, self.state_dir, journal.mode)
+        jobs.reconcile(journal.mode, read_faults(self.state_dir))
+        log.info("agent %s (cluster %s, pool %s): state in %s, mode %s, interval %.3g s, "
+                 "jobs %r", settings.node_id, settings.cluster_id, settings.pool,
+                 self.state_dir, journal.mode, self._reporter.interval_s, settings.jobs)
+
+    @property
+    def interval_s(self) -> float:
+        """The report interval in force (the centre may have changed it)."""
+        if self._reporter is None:
+            return self.settings.interval_s
+        return self._reporter.interval_s
+
+    async def open_local(self) -> None:
+        """Open local state and start answering peer probes (nothing here needs Kafka)."""
+        self.open()
+        await self._listener.start()
 
     async def startup(self) -> None:
-        """Open local state, then make sure every topic exists before the broker starts."""
-        self.open()
+        """Open local state and answer peers, then make sure every topic exists."""
+        # Before Kafka: a node whose broker link is down still answers its peers.
+        await self.open_local()
         await ensure_topics(self.settings.kafka_bootstrap_servers, self.settings.namespace)
 
     async def start_reporting(self) -> None:
@@ -111,18 +149,29 @@ class Agent:
     async def stop_reporting(self) -> None:
         """Stop the report loop before the broker closes."""
         self._stop.set()
+        self._wake.set()
+        probing, self._probe_task = self._probe_task, None
+        if probing is not None:
+            probing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await probing
         task, self._loop_task = self._loop_task, None
         if task is None:
             return
         # A report stuck on an unreachable broker is abandoned, not waited for forever.
-        done, _ = await asyncio.wait({task}, timeout=self.settings.interval_s + 10.0)
+        done, _ = await asyncio.wait({task}, timeout=min(self.interval_s, 10.0) + 10.0)
         if not done:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
     async def close(self) -> None:
-        """Release the probe and the journal after the broker stopped."""
+        """Stop the jobs and the listener, release the probe and the journal."""
+        if self._jobs is not None:
+            # SIGTERM, a checkpoint, an exit: seconds of blocking waits, kept off the loop.
+            await asyncio.to_thread(self._jobs.close)
+            self._jobs = None
+        await self._listener.close()
         if self._probe is not None:
             self._probe.close()
             self._probe = None
@@ -136,14 +185,24 @@ class Agent:
         """Verify and execute a command, then publish its result (if it was ours)."""
         if self._executor is None:
             raise InfrastructureUnavailable("the agent is not started")
+        plan = read_faults(self.state_dir)
+        if plan.ignore_commands:
+            # The fault "reports, but no longer answers": nothing is journaled or answered.
+            log.warning("fault plan: ignoring a command for %s", command.subject)
+            return
         try:
             result = self._executor.handle(command, now_utc())
         except sqlite3.Error as err:
             # The journal is the replay protection: without it nothing may run, and the
             # command must come back rather than be committed.
             raise InfrastructureUnavailable(f"command journal: {err}") from err
-        if result is not None:
-            await self.bus.publish(Topic.NODE_COMMAND_RESULTS, result)
+        if result is None:
+            return
+        if self._jobs is not None and self._journal is not None:
+            # A drain or offline stops jobs now rather than at the next report.
+            self._jobs.reconcile(self._journal.mode, plan)
+        self._wake.set()
+        await self.bus.publish(Topic.NODE_COMMAND_RESULTS, result)
 
     # ------------------------------------------------------------ reports
 
@@ -154,23 +213,65 @@ class Agent:
                 await asyncio.wait_for(self._stop.wait(), timeout=seconds)
         return self._stop.is_set()
 
+    async def _next_tick(self, started: float) -> bool:
+        """Wait until one interval after `started`, or less if a fatal GPU event arrives;
+        True if the agent is stopping."""
+        loop = asyncio.get_running_loop()
+        while not self._stop.is_set():
+            # Recomputed after every wake-up: a new interval counts from this tick's start.
+            remaining = self.interval_s - (loop.time() - started)
+            if remaining <= 0 or self._urgent():
+                break
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                # Short slices, so a new XID is reported within a fraction of a second.
+                await asyncio.wait_for(self._wake.wait(), timeout=min(remaining, URGENT_POLL_S))
+        return self._stop.is_set()
+
+    def _urgent(self) -> bool:
+        """A GPU fault the centre has not been told about yet: report now, not next interval.
+
+        The offline need wants two consecutive faulty reports; sending the first at once
+        lets the second (the regular one) follow within one report interval of the fault.
+        """
+        if isinstance(self._probe, NvmlProbe) and self._probe.has_urgent_events():
+            return True
+        plan = read_faults(self.state_dir)
+        told = self._reported_plan
+        return bool(set(plan.xid) - set(told.xid)) or plan.ecc_uncorrected > told.ecc_uncorrected
+
+    def _probe_peers(self) -> None:
+        """Start a round of peer probes unless one is still under way (reports never wait)."""
+        if self.settings.peer_probes and (self._probe_task is None or self._probe_task.done()):
+            self._probe_task = asyncio.create_task(self._peers.probe_round(), name="peer-probes")
+
     async def report_loop(self) -> None:
-        """Publish a report every interval until stopped (unless the fault plan says silent)."""
+        """Publish a report every interval until stopped (unless the fault plan pauses them)."""
         loop = asyncio.get_running_loop()
         was_silent = False
+        jobs_started = False
         while not self._stop.is_set():
             started = loop.time()
             plan = read_faults(self.state_dir)
-            if plan.silent != was_silent:
-                log.warning("fault plan: reports %s", "stopped" if plan.silent else "resumed")
-                was_silent = plan.silent
-            if not plan.silent:
+            self._probe_peers()
+            silent = reports_paused(plan, now_utc())
+            if silent != was_silent:
+                log.warning("fault plan: reports %s", "stopped" if silent else "resumed")
+                was_silent = silent
+            if silent:
+                if self._jobs is not None and self._journal is not None:
+                    self._jobs.reconcile(self._journal.mode, plan)
+            else:
                 try:
                     await self.report_once(plan)
                 except Exception:
                     # A failed publish (Kafka down) must not end the heartbeat for good.
                     log.exception("publishing the report failed")
-            if await self._pause(self.settings.interval_s - (loop.time() - started)):
+            if not jobs_started and self._jobs is not None:
+                # Only after the first report: starting processes must not delay the heartbeat.
+                self._jobs.start()
+                jobs_started = True
+            if await self._next_tick(started):
                 return
 
     async def report_once(self, plan: FaultPlan) -> None:
@@ -185,6 +286,7 @@ class Agent:
             if plan.slow_s and await self._pause(plan.slow_s):
                 return
             report = self._reporter.build(now_utc(), plan)
+            self._reported_plan = plan
             span.set_attribute("report.seq", report.seq)
             span.set_attribute("report.faults", len(report.faults))
             await self.bus.publish(Topic.NODE_REPORTS, report)

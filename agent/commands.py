@@ -30,7 +30,9 @@ from schemas.events.v1 import (
     OfflineNode,
     OnlineNode,
     OutputValue,
+    ProbeNode,
     QueryStatus,
+    SetReportInterval,
     UndrainNode,
 )
 from services.shared.errors import describe_validation_error
@@ -60,8 +62,18 @@ def check_window(
     return None
 
 
+# Actions that disrupt nothing and are idempotent (a probe, a status query, setting an
+# absolute report interval) sit outside the node's command ordering and fencing: the centre
+# sends them from several services, and ordering them against task commands could only make
+# a task's command look stale. They neither need nor advance seq and epoch.
+UNORDERED_ACTIONS: frozenset[str] = frozenset({"probe_node", "query_status",
+                                               "set_report_interval"})
+
+
 def check_order(payload: CommandPayload, last_seq: int | None, max_epoch: int | None) -> str | None:
     """Why the command is older than what was accepted already, or None."""
+    if payload.action.action in UNORDERED_ACTIONS:
+        return None
     if last_seq is not None and payload.seq <= last_seq:
         return "stale_seq"
     # A lower epoch comes from an executor that lost its lease (fencing token).
@@ -72,12 +84,13 @@ def check_order(payload: CommandPayload, last_seq: int | None, max_epoch: int | 
 
 @dataclass(frozen=True)
 class Effect:
-    """What an action does to the node: the outcome, and the mode to persist (if any)."""
+    """What an action does to the node: the outcome, and the mode or interval to persist."""
 
     outcome: Outcome
     reason: str = ""
     mode: NodeMode | None = None
     outputs: dict[str, OutputValue] = field(default_factory=dict)
+    interval_s: float | None = None
 
 
 def _mode_change(current: NodeMode, target: NodeMode) -> Effect:
@@ -88,8 +101,11 @@ def _mode_change(current: NodeMode, target: NodeMode) -> Effect:
     )
 
 
-def decide(action: Action, mode: NodeMode, queried: CommandResult | None) -> Effect:
-    """What `action` does on a node in `mode`; `queried` is the journaled result for a query."""
+def decide(
+    action: Action, mode: NodeMode, queried: CommandResult | None, interval_s: float = 2.0
+) -> Effect:
+    """What `action` does on a node in `mode` reporting every `interval_s`."""
+    # `queried` is the journaled result of the command a query_status asks about.
     if isinstance(action, DrainNode):
         # "Ensure drained": draining twice is a no-op, and an offline node already takes no work.
         return _mode_change(mode, "draining" if mode == "active" else mode)
@@ -101,6 +117,19 @@ def decide(action: Action, mode: NodeMode, queried: CommandResult | None) -> Eff
         return _mode_change(mode, "offline")
     if isinstance(action, QueryStatus):
         return query_effect(action.command_id, queried)
+    if isinstance(action, SetReportInterval):
+        return Effect(
+            "succeeded",
+            interval_s=action.interval_s,
+            outputs={
+                "interval_s": action.interval_s,
+                "previous_interval_s": interval_s,
+                "changed": action.interval_s != interval_s,
+            },
+        )
+    if isinstance(action, ProbeNode):
+        # The answer itself is the proof: the command path works end to end.
+        return Effect("succeeded", outputs={"mode": mode, "interval_s": interval_s})
     return Effect("failed", "not_supported_yet")
 
 
@@ -146,6 +175,7 @@ class CommandExecutor:
         leeway_s: float = 30.0,
         max_ttl_s: float = 300.0,
         fault_plan: Callable[[], FaultPlan] = FaultPlan,
+        default_interval_s: float = 2.0,
     ) -> None:
         self.node_id = node_id
         self.cluster_id = cluster_id
@@ -154,7 +184,14 @@ class CommandExecutor:
         self.leeway_s = leeway_s
         self.max_ttl_s = max_ttl_s
         self.fault_plan = fault_plan
+        self.default_interval_s = default_interval_s
         self.source = f"agent-{node_id}"[:128]
+
+    @property
+    def interval_s(self) -> float:
+        """The report interval in force: the centre's if it set one, else the configured one."""
+        journaled = self.journal.interval_s
+        return self.default_interval_s if journaled is None else journaled
 
     def handle(self, command: Command, now: datetime) -> CommandResult | None:
         """The result to publish for `command`, or None if the command is for another node."""
@@ -198,20 +235,28 @@ class CommandExecutor:
             if isinstance(action, QueryStatus)
             else None
         )
-        effect = decide(action, mode, queried)
+        interval_s = self.interval_s
+        effect = decide(action, mode, queried, interval_s)
         if payload.dry_run:
-            outputs: dict[str, OutputValue] = {"dry_run": True, "mode": mode}
+            outputs: dict[str, OutputValue] = {
+                "dry_run": True, "mode": mode, "interval_s": interval_s
+            }
             if effect.mode is not None:
                 outputs["target_mode"] = effect.mode
+            if effect.interval_s is not None:
+                outputs["target_interval_s"] = effect.interval_s
             effect = Effect(effect.outcome, effect.reason, None, outputs)
         elif action.action in self.fault_plan().fail_actions and effect.outcome == "succeeded":
             effect = Effect("failed", "injected_failure", None, {"mode": mode})
 
         result = self._result(command, payload.command_id, payload, effect.outcome,
                               effect.reason, effect.outputs, now)
-        # Journal (and change the mode) in one transaction before anyone sees the result.
-        self.journal.record(result, seq=payload.seq, epoch=payload.epoch, accepted=True,
-                            mode=effect.mode, now=now)
+        # Journal (and change the mode or interval) in one transaction before anyone sees the
+        # result.
+        ordered = action.action not in UNORDERED_ACTIONS
+        self.journal.record(result, seq=payload.seq if ordered else None,
+                            epoch=payload.epoch if ordered else None, accepted=True,
+                            mode=effect.mode, interval_s=effect.interval_s, now=now)
         log.info("command %s %s: %s %s %s", payload.command_id, action.action, effect.outcome,
                  effect.reason, effect.outputs)
         return result

@@ -25,7 +25,9 @@ class GpuProbe(Protocol):
     @property
     def source(self) -> GpuSource: ...
 
-    def read(self, jobs: Sequence[JobInfo], now: datetime) -> list[GpuMetrics]: ...
+    def read(
+        self, jobs: Sequence[JobInfo], now: datetime, load_pct: float | None = None
+    ) -> list[GpuMetrics]: ...
 
     def close(self) -> None: ...
 
@@ -49,6 +51,11 @@ class XidBuffer:
                 self.dropped += 1
                 return
             seen.append(xid)
+
+    def pending(self) -> bool:
+        """True if XIDs arrived since the last read (the agent then reports at once)."""
+        with self._lock:
+            return bool(self._events)
 
     def drain(self) -> dict[int, list[int]]:
         with self._lock:
@@ -88,6 +95,10 @@ class NvmlProbe:
     @property
     def gpu_count(self) -> int:
         return len(self._handles)
+
+    def has_urgent_events(self) -> bool:
+        """XID events are waiting: a fault must not wait for the next report interval."""
+        return self._xids.pending()
 
     def _start_events(self) -> None:
         nvml = self._nvml
@@ -160,8 +171,10 @@ class NvmlProbe:
         value = self._optional(lambda: read(handle))
         return 0 if value is None else int(value)
 
-    def read(self, jobs: Sequence[JobInfo], now: datetime) -> list[GpuMetrics]:
-        """Read every GPU now; `jobs` is unused because NVML measures what really runs."""
+    def read(
+        self, jobs: Sequence[JobInfo], now: datetime, load_pct: float | None = None
+    ) -> list[GpuMetrics]:
+        """Read every GPU now; `jobs` and `load_pct` are unused: NVML measures what really runs."""
         nvml = self._nvml
         xids = self._xids.drain()
         gpus: list[GpuMetrics] = []
@@ -220,7 +233,8 @@ SIM_IDLE_POWER_W = 60.0
 SIM_MAX_POWER_W = 400.0
 SIM_IDLE_TEMP_C = 32.0
 
-# What one running job asks of a GPU it uses: (utilisation %, share of memory).
+# What one running job asks of a GPU it uses: (utilisation %, share of memory). A starting
+# job has not loaded it yet.
 JOB_LOAD: dict[str, tuple[float, float]] = {"training": (90.0, 0.70), "inference": (40.0, 0.25)}
 
 
@@ -228,7 +242,7 @@ def job_load(jobs: Sequence[JobInfo], index: int) -> tuple[float, float]:
     """(utilisation %, memory share) the jobs put on GPU `index`, before noise."""
     utilization, memory_share = 0.0, 0.0
     for job in jobs:
-        if index not in job.gpu_indices or job.state in ("stopped", "failed"):
+        if index not in job.gpu_indices or job.state in ("stopped", "failed", "starting"):
             continue
         util, share = JOB_LOAD[job.kind]
         # A job split over several GPUs loads each of them; a hung job holds its memory
@@ -254,12 +268,23 @@ class SimulatedProbe:
     def _jitter(self, value: float, low: float, high: float, scale: float = 1.0) -> float:
         return min(high, max(low, value + self._rng.gauss(0.0, self.noise * scale)))
 
-    def read(self, jobs: Sequence[JobInfo], now: datetime) -> list[GpuMetrics]:
-        """One reading per GPU; the same seed and the same jobs give the same values."""
+    def read(
+        self, jobs: Sequence[JobInfo], now: datetime, load_pct: float | None = None
+    ) -> list[GpuMetrics]:
+        """One reading per GPU; `load_pct` (a fault plan's) overrides the jobs' utilisation."""
+        # The same seed, jobs and load give the same values.
         gpus: list[GpuMetrics] = []
         for index in range(self.gpus):
             target_util, memory_share = job_load(jobs, index)
+            if load_pct is not None:
+                target_util = load_pct
+                # A GPU held busy holds memory too, whatever the jobs say.
+                memory_share = max(memory_share, load_pct / 100.0 * JOB_LOAD["training"][1])
             util = self._jitter(target_util, 0.0, 100.0) if target_util else 0.0
+            if load_pct is not None:
+                # A held load stays within a few points, so "held at 85%" never reads as 79%.
+                spread = 1.5 * self.noise
+                util = min(100.0, max(0.0, min(load_pct + spread, max(load_pct - spread, util))))
             used = SIM_IDLE_MEMORY_MIB + memory_share * SIM_MEMORY_TOTAL_MIB
             memory_used = int(self._jitter(used, 0.0, SIM_MEMORY_TOTAL_MIB, scale=64.0))
             power = SIM_IDLE_POWER_W + util / 100.0 * (SIM_MAX_POWER_W - SIM_IDLE_POWER_W)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
+from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from schemas.events.v1 import ActionName, Fault, GpuMetrics
+from schemas.events.v1 import ActionName, Fault, GpuMetrics, JobInfo
 
 log = logging.getLogger("clusterwarden.agent.faults")
 
@@ -26,17 +29,39 @@ class FaultPlan(BaseModel):
         default_factory=list, max_length=MAX_XIDS
     )
     ecc_uncorrected: Annotated[int, Field(ge=0, le=2**53)] = 0
-    hung_job: bool = False
+    hung_job: bool = Field(
+        default=False, description="Freeze a job (SIGSTOP) until the plan no longer says so."
+    )
     silent: bool = Field(default=False, description="Alive, but sends no reports.")
     slow_s: Annotated[float, Field(ge=0.0, le=3_600.0)] = 0.0
     fail_actions: list[ActionName] = Field(default_factory=list, max_length=16)
     gpu_index: Annotated[int, Field(ge=0, le=63)] = Field(
         default=0, description="The GPU the injected XIDs and ECC errors are on."
     )
+    load_pct: Annotated[float, Field(ge=0.0, le=100.0)] | None = Field(
+        default=None, description="Hold the simulated GPUs' utilisation near this value."
+    )
+    flap_s: Annotated[float, Field(ge=0.0, le=3_600.0)] = Field(
+        default=0.0, description="Alternate reporting and silence every flap_s seconds (0: off)."
+    )
+    ignore_commands: bool = Field(
+        default=False, description="Reports go on, but commands get no answer at all."
+    )
 
     @property
     def healthy(self) -> bool:
         return self == FaultPlan()
+
+
+def reports_paused(plan: FaultPlan, now: datetime) -> bool:
+    """True if the plan keeps the node from reporting at `now` (silent, or a flap's off phase)."""
+    if plan.silent:
+        return True
+    if plan.flap_s <= 0.0:
+        return False
+    # Phases follow the wall clock, so every agent and every test sees the same schedule
+    # without the plan having to remember when it was written.
+    return math.floor(now.timestamp() / plan.flap_s) % 2 == 1
 
 
 def faults_path(state_dir: Path) -> Path:
@@ -72,7 +97,7 @@ def clear_fault_file(state_dir: Path) -> None:
 
 
 def faults_for_report(plan: FaultPlan) -> list[Fault]:
-    """The fault data an injected plan adds to a report."""
+    """The XID and ECC faults an injected plan adds (a hung job is seen in the jobs instead)."""
     faults = [
         Fault(kind="xid", code=xid, gpu_index=plan.gpu_index, detail="injected")
         for xid in plan.xid
@@ -85,8 +110,18 @@ def faults_for_report(plan: FaultPlan) -> list[Fault]:
                 detail=f"injected: {plan.ecc_uncorrected} uncorrected ECC errors",
             )
         )
-    if plan.hung_job:
-        faults.append(Fault(kind="hung_job", detail="injected: a job stopped making progress"))
+    return faults
+
+
+def job_faults(jobs: Sequence[JobInfo], plan: FaultPlan) -> list[Fault]:
+    """A hung_job fault per hung job; the plan's word alone only where no job runs to hang."""
+    faults = [
+        Fault(kind="hung_job", detail=f"{job.job_id}: no progress"[:256])
+        for job in jobs
+        if job.state == "hung"
+    ]
+    if plan.hung_job and not jobs:
+        faults.append(Fault(kind="hung_job", detail="injected: no job runs here to hang"))
     return faults
 
 

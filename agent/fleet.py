@@ -4,6 +4,8 @@ Layout under a fleet's state directory:
     agents/<node>/agent.pid      the pid of the agent process
     agents/<node>/faults.json    its fault plan (see agent.faults)
     agents/<node>/journal.sqlite3
+    agents/<node>/probe.addr     its peer-probe listener (see agent.peers)
+    agents/<node>/jobs/<job>/    status.json, checkpoint.npz, job.pid, job.log of a job
     logs/agent-<node>.log
 A plain library; the CLI and the tests wrap it.
 """
@@ -23,12 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from agent.faults import FaultPlan, clear_fault_file, read_faults, write_faults
+from agent.jobs import JOBS_DIR
+from agent.jobs import PID_FILE as JOB_PID_FILE
 
 log = logging.getLogger("clusterwarden.agent.fleet")
 
 PID_FILE = "agent.pid"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 AGENT_ARGV = ("-m", "agent")
+JOB_MODULE_PREFIX = b"agent.ml."
+# What a fleet agent runs unless told otherwise (AGENT_JOBS in the environment, or `jobs`).
+FLEET_JOBS = "train,infer"
 
 # Agents this process started: kept so they are reaped (and Popen never warns that a child
 # it forgot is still running).
@@ -74,17 +81,65 @@ def fleet_nodes(state_dir: Path) -> list[str]:
 # ---------------------------------------------------------------- processes
 
 
+def _argv(pid: int) -> list[bytes] | None:
+    """The command line of `pid`; None if there is no such process, [] if it cannot be read."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return []
+
+
 def _is_agent(pid: int) -> bool:
     """True if `pid` runs `python -m agent` (so a recycled pid is never signalled)."""
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except FileNotFoundError:
+    argv = _argv(pid)
+    if argv is None:
         return False
-    except OSError:
+    if not argv:
         return True  # no /proc to check with: trust the pid file
     return any(
         argv[i : i + 2] == [part.encode() for part in AGENT_ARGV] for i in range(len(argv) - 1)
     )
+
+
+def _is_job(pid: int) -> bool:
+    """True if `pid` runs one of the agent's ML jobs (`python -m agent.ml.<job>`)."""
+    argv = _argv(pid) or []
+    return any(
+        argv[i] == b"-m" and argv[i + 1].startswith(JOB_MODULE_PREFIX)
+        for i in range(len(argv) - 1)
+    )
+
+
+def job_pids(state_dir: Path, node_id: str) -> dict[str, int]:
+    """The running ML job processes recorded for a node, by job id."""
+    pids: dict[str, int] = {}
+    for path in sorted((agent_dir(state_dir, node_id) / JOBS_DIR).glob(f"*/{JOB_PID_FILE}")):
+        try:
+            pid = int(path.read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if _is_job(pid):
+            pids[path.parent.name] = pid
+    return pids
+
+
+def _reap_jobs(state_dir: Path, node_id: str, timeout_s: float = 5.0) -> list[str]:
+    """Stop the job processes an agent left behind (SIGCONT, SIGTERM, wait, SIGKILL)."""
+    # A job notices a dead agent by itself, unless it was frozen (the hung_job fault);
+    # this makes sure no job outlives its fleet.
+    left = job_pids(state_dir, node_id)
+    for pid in left.values():
+        _signal(pid, signal.SIGCONT)
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for pid in left.values():
+        while _is_job(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _is_job(pid):
+            _signal(pid, signal.SIGKILL)
+    return sorted(left)
 
 
 def is_alive(pid: int) -> bool:
@@ -150,11 +205,14 @@ def agent_env(
     trusted_keys: Sequence[Path],
     interval_s: float,
     pool: str = "default",
+    jobs: str | None = None,
+    probe_port: int | None = None,
 ) -> dict[str, str]:
-    """The environment of one agent process."""
+    """The environment of one agent process (other AGENT_* settings pass through from `env`)."""
     child = dict(env)
     python_path = child.get("PYTHONPATH", "")
     child |= {
+        "AGENT_JOBS": jobs if jobs is not None else child.get("AGENT_JOBS", FLEET_JOBS),
         # The agent runs from a checkout as well as from an installed distribution.
         "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{python_path}" if python_path else str(REPO_ROOT),
         "PYTHONUNBUFFERED": "1",
@@ -168,6 +226,8 @@ def agent_env(
         "AGENT_STATE_DIR": str(agent_dir(state_dir, node_id)),
         "AGENT_TRUSTED_KEYS": ",".join(str(Path(p).resolve()) for p in trusted_keys),
     }
+    if probe_port is not None:
+        child["AGENT_PROBE_PORT"] = str(probe_port)
     return child
 
 
@@ -182,6 +242,8 @@ def start_agent(
     trusted_keys: Sequence[Path],
     interval_s: float,
     pool: str = "default",
+    jobs: str | None = None,
+    probe_port: int | None = None,
 ) -> AgentProcess:
     """Start one agent process (or return the one already running for this node)."""
     home = agent_dir(state_dir, node_id)
@@ -196,7 +258,7 @@ def start_agent(
     child_env = agent_env(
         node_id=node_id, gpus=gpus, cluster_id=cluster_id, namespace=namespace,
         state_dir=state_dir, env=env, trusted_keys=trusted_keys, interval_s=interval_s,
-        pool=pool,
+        pool=pool, jobs=jobs, probe_port=probe_port,
     )
     with logs.open("ab") as out:
         process = subprocess.Popen(
@@ -230,13 +292,19 @@ def fleet_up(
     *,
     pool: str = "default",
     first: int = 1,
+    jobs: str | None = None,
 ) -> list[AgentProcess]:
     """Start agents node-<first> .. node-<first+nodes-1>, each a `python -m agent` process."""
+    # `jobs` (AGENT_JOBS) defaults to env's AGENT_JOBS, else "train,infer". A non-zero
+    # AGENT_PROBE_PORT in env is the first agent's port; the others count up from it, since
+    # agents on one machine cannot share a port.
+    base_port = int(env.get("AGENT_PROBE_PORT", "0") or "0")
     return [
         start_agent(
             node_name(number), gpus=gpus, cluster_id=cluster_id, namespace=namespace,
             state_dir=state_dir, env=env, trusted_keys=trusted_keys, interval_s=interval_s,
-            pool=pool,
+            pool=pool, jobs=jobs,
+            probe_port=base_port + number - first if base_port else None,
         )
         for number in range(first, first + nodes)
     ]
@@ -252,6 +320,7 @@ def stop_agent(state_dir: Path, node_id: str, timeout_s: float = 15.0) -> bool:
             log.warning("agent %s (pid %d) ignored SIGTERM; killing it", node_id, pid)
             _signal(pid, signal.SIGKILL)
             _wait_exit(pid, 5.0)
+    _reap_jobs(state_dir, node_id)
     pid_path(state_dir, node_id).unlink(missing_ok=True)
     return running
 
@@ -270,6 +339,7 @@ def fleet_down(state_dir: Path, timeout_s: float = 15.0) -> list[str]:
             _signal(pid, signal.SIGKILL)
             _wait_exit(pid, 5.0)
     for node in pids:
+        _reap_jobs(state_dir, node)
         pid_path(state_dir, node).unlink(missing_ok=True)
     return sorted(running)
 
@@ -281,6 +351,9 @@ def kill_agent(state_dir: Path, node_id: str) -> bool:
         return False
     _signal(pid, signal.SIGKILL)
     _wait_exit(pid, 5.0)
+    # Its jobs see their agent gone and exit on their own; a frozen one must be thawed first.
+    for job_pid in job_pids(state_dir, node_id).values():
+        _signal(job_pid, signal.SIGCONT)
     return True
 
 

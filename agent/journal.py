@@ -2,7 +2,7 @@
 
 Replay protection only holds if it survives a restart: executed command ids with their
 results, the last accepted seq and the highest epoch are written with synchronous=FULL, in
-the same transaction as the node mode they change.
+the same transaction as the node mode (or report interval) they change.
 """
 
 from __future__ import annotations
@@ -37,6 +37,10 @@ CREATE TABLE IF NOT EXISTS meta (
 CREATE TABLE IF NOT EXISTS node (
     id   INTEGER PRIMARY KEY CHECK (id = 1),
     mode TEXT NOT NULL CHECK (mode IN ('active', 'draining', 'offline'))
+);
+CREATE TABLE IF NOT EXISTS config (
+    key   TEXT PRIMARY KEY,
+    value REAL NOT NULL
 );
 """
 
@@ -87,6 +91,12 @@ class Journal:
             return "active"
         return cast(NodeMode, row[0])
 
+    @property
+    def interval_s(self) -> float | None:
+        """The report interval the centre set, if it ever set one."""
+        row = self._db.execute("SELECT value FROM config WHERE key = 'interval_s'").fetchone()
+        return None if row is None else float(row[0])
+
     def cached_result(self, command_id: UUID) -> CommandResult | None:
         """The result recorded for `command_id`, if the command was ever seen."""
         row = self._db.execute(
@@ -107,6 +117,7 @@ class Journal:
         epoch: int | None,
         accepted: bool,
         mode: NodeMode | None = None,
+        interval_s: float | None = None,
         now: datetime,
     ) -> bool:
         """Journal a result (advancing seq and epoch if `accepted`); False if already journaled."""
@@ -135,12 +146,19 @@ class Journal:
                 self._raise_meta("max_epoch", epoch)
             if mode is not None:
                 self._set_mode(mode)
+            if interval_s is not None:
+                self._set_interval(interval_s)
         return True
 
     def set_mode(self, mode: NodeMode) -> None:
         """Set the node mode outside a command (operator tooling, tests)."""
         with self._transaction():
             self._set_mode(mode)
+
+    def set_interval(self, interval_s: float) -> None:
+        """Set the report interval outside a command (operator tooling, tests)."""
+        with self._transaction():
+            self._set_interval(interval_s)
 
     def next_report_seq(self, now_ms: int) -> int:
         """The next report seq: above the last one, and at least the wall clock in ms."""
@@ -168,6 +186,13 @@ class Journal:
             "INSERT INTO node (id, mode) VALUES (1, ?)"
             " ON CONFLICT(id) DO UPDATE SET mode = excluded.mode",
             (mode,),
+        )
+
+    def _set_interval(self, interval_s: float) -> None:
+        self._db.execute(
+            "INSERT INTO config (key, value) VALUES ('interval_s', ?)"
+            " ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            (interval_s,),
         )
 
     @contextmanager

@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime
 from uuid import uuid4
 
 from agent.device import GpuProbe
-from agent.faults import FaultPlan, faults_for_report, gpu_faults, inject_into_gpus
+from agent.faults import FaultPlan, faults_for_report, gpu_faults, inject_into_gpus, job_faults
 from agent.host import HostSampler
-from agent.jobs import SimulatedJobs
+from agent.jobs import JobSource
 from agent.journal import Journal
-from schemas.events.v1 import Fault, GpuMetrics, HostMetrics, NodeReport
+from schemas.events.v1 import Fault, GpuMetrics, HostMetrics, NodeReport, PeerProbe
 
 log = logging.getLogger("clusterwarden.agent.report")
 
 MAX_FAULTS = 256  # the schema's bound on NodeReport.faults
+MAX_PEER_PROBES = 16  # the schema's bound on NodeReport.peer_probes
+
+
+def no_peers() -> list[PeerProbe]:
+    """The peer probes of an agent that probes nobody."""
+    return []
 
 
 class Reporter:
@@ -31,26 +38,41 @@ class Reporter:
         probe: GpuProbe,
         host: HostSampler,
         journal: Journal,
-        jobs: SimulatedJobs,
+        jobs: JobSource,
+        peer_probes: Callable[[], list[PeerProbe]] = no_peers,
     ) -> None:
         self.node_id = node_id
         self.cluster_id = cluster_id
         self.pool = pool
-        self.interval_s = interval_s
+        self.default_interval_s = interval_s
         self.probe = probe
         self.host = host
         self.journal = journal
         self.jobs = jobs
+        self.peer_probes = peer_probes
         self.source = f"agent-{node_id}"[:128]
+
+    @property
+    def interval_s(self) -> float:
+        """The report interval in force: the centre's if it set one, else the configured one."""
+        journaled = self.journal.interval_s
+        return self.default_interval_s if journaled is None else journaled
 
     def build(self, now: datetime, plan: FaultPlan) -> NodeReport:
         """The report at `now`, with the plan's injected faults applied."""
         mode = self.journal.mode
-        jobs = self.jobs.advance(now, mode, plan.hung_job)
         faults: list[Fault] = []
+        try:
+            self.jobs.reconcile(mode, plan)
+            jobs = self.jobs.snapshot(now)
+        except Exception as err:
+            # Like a GPU that cannot be read: fault data, and the heartbeat still goes out.
+            log.exception("reading the jobs failed")
+            jobs = []
+            faults.append(Fault(kind="agent", detail=f"jobs failed: {err!r}"[:256]))
         gpus: list[GpuMetrics]
         try:
-            gpus = self.probe.read(jobs, now)
+            gpus = self.probe.read(jobs, now, load_pct=plan.load_pct)
         except Exception as err:
             # A GPU that cannot be read is itself fault data; the heartbeat must still go out.
             log.exception("reading the GPUs failed")
@@ -65,6 +87,7 @@ class Reporter:
             faults.append(Fault(kind="agent", detail=f"host metrics failed: {err!r}"[:256]))
         faults.extend(gpu_faults(gpus))
         faults.extend(faults_for_report(plan))
+        faults.extend(job_faults(jobs, plan))
         gpus = inject_into_gpus(plan, gpus)
         return NodeReport(
             event_id=uuid4(),
@@ -82,5 +105,5 @@ class Reporter:
             host=host,
             faults=faults[:MAX_FAULTS],
             jobs=jobs,
-            peer_probes=[],
+            peer_probes=self.peer_probes()[:MAX_PEER_PROBES],
         )

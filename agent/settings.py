@@ -11,6 +11,8 @@ from pydantic_settings import NoDecode, SettingsConfigDict
 from services.shared.settings import ServiceSettings
 
 IDENTIFIER_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"
+JOB_NAMES = ("train", "infer")
+SIMULATED_JOBS = "sim"
 
 
 class AgentSettings(ServiceSettings):
@@ -37,6 +39,41 @@ class AgentSettings(ServiceSettings):
     )
     command_leeway_s: float = Field(default=30.0, ge=0.0, le=600.0)
     max_command_ttl_s: float = Field(default=300.0, gt=0.0, le=3_600.0)
+    jobs: str = Field(
+        default="train,infer",
+        description="Comma-separated ML jobs to run as child processes (train, infer), "
+        "'' for none, or 'sim' for simulated jobs that start no process (large fleets).",
+    )
+    hung_after_s: float = Field(
+        default=30.0, gt=0.0, le=3_600.0, description="A job without progress this long is hung."
+    )
+    checkpoint_every_s: float = Field(default=5.0, gt=0.0, le=3_600.0)
+    job_stop_timeout_s: float = Field(
+        default=5.0, gt=0.0, le=300.0, description="SIGTERM to SIGKILL, when jobs are stopped."
+    )
+    probe_port: int = Field(
+        default=0, ge=0, le=65_535, description="Peer-probe echo port on 127.0.0.1; 0: any."
+    )
+    peer_probes: int = Field(default=3, ge=0, le=16, description="Peers probed per round.")
+    probe_timeout_s: float = Field(default=1.0, gt=0.0, le=30.0)
+
+    @field_validator("jobs")
+    @classmethod
+    def _known_jobs(cls, value: str) -> str:
+        names = [part.strip() for part in value.split(",") if part.strip()]
+        if names == [SIMULATED_JOBS]:
+            return SIMULATED_JOBS
+        unknown = sorted(set(names) - set(JOB_NAMES))
+        if unknown:
+            raise ValueError(f"unknown jobs {unknown}; expected some of {JOB_NAMES} or 'sim'")
+        # Each job once, in a fixed order: the job ids are derived from the names.
+        return ",".join(name for name in JOB_NAMES if name in names)
+
+    def job_names(self) -> list[str]:
+        """The ML jobs to run as processes (empty for 'sim' and for none)."""
+        if self.jobs == SIMULATED_JOBS:
+            return []
+        return [name for name in self.jobs.split(",") if name]
 
     @field_validator("trusted_keys", mode="before")
     @classmethod

@@ -61,6 +61,13 @@ class Scheduler:
                 return
             task = claimed.task
             epoch = await self.queue.next_epoch()
+            # The transition first: once the executor has the task it publishes `running`,
+            # and the task's events must arrive in the order they happened.
+            await self.bus.publish(
+                Topic.OPS_TASK_EVENTS,
+                task_event(task, "dispatched", "queued", f"locks {task.mutex_keys} held; "
+                           f"epoch {epoch}", str(epoch)),
+            )
             await self.bus.publish(
                 Topic.OPS_TASKS_SCHEDULED,
                 TaskScheduled(
@@ -69,11 +76,6 @@ class Scheduler:
                     subject=str(task.task_id), correlation_id=str(task.need_id),
                     task=task, epoch=epoch,
                 ),
-            )
-            await self.bus.publish(
-                Topic.OPS_TASK_EVENTS,
-                task_event(task, "dispatched", "queued", f"locks {task.mutex_keys} held; "
-                           f"epoch {epoch}", str(epoch)),
             )
             await self.queue.ack(str(task.task_id))
             log.info("dispatched task %s with epoch %d", task.task_id, epoch)

@@ -83,7 +83,7 @@ async def test_a_gpu_fault_and_a_stopped_heartbeat_each_become_a_succeeded_offli
                 created = gpu_fault[0].task
                 assert created is not None
                 assert created.evidence[0].metric == "node_fault_count"
-                assert "xid:79" in created.evidence[0].detail
+                assert "xid 79" in created.evidence[0].detail
                 assert gpu_fault[5].outputs.get("mode") == "draining"
                 assert gpu_fault[7].outputs.get("mode") == "offline"
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import itertools
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -12,13 +13,20 @@ from faststream.kafka import KafkaBroker, KafkaMessage, TestKafkaBroker
 
 from agent.app import Agent, create_agent, create_app
 from agent.faults import FaultPlan, write_faults
+from agent.jobs import job_dir
+from agent.ml.runtime import CHECKPOINT_FILE
+from agent.peers import PROBE_FILE, EchoListener, probe_peer, read_probe_addr
 from agent.settings import AgentSettings
 from schemas.envelope import Envelope
 from schemas.events.v1 import (
+    Action,
     CommandResult,
     DrainNode,
     NodeReport,
+    OfflineNode,
+    ProbeNode,
     QueryStatus,
+    SetReportInterval,
     now_utc,
 )
 from schemas.topics import Topic, topic_name
@@ -36,6 +44,7 @@ def settings(tmp_path: Path, centre: Any) -> AgentSettings:
         state_dir=str(tmp_path / "state"),
         trusted_keys=[centre.public_key],
         interval_s=0.05,
+        jobs="sim",  # no processes: these tests are about the wiring
     )
 
 
@@ -65,7 +74,7 @@ async def running(settings: AgentSettings) -> AsyncIterator[tuple[Agent, dict[To
     sinks = {Topic.NODE_REPORTS: Sink(), Topic.NODE_COMMAND_RESULTS: Sink()}
     for topic, sink in sinks.items():
         sink.subscribe(agent.broker, topic_name(topic, settings.namespace))
-    agent.open()
+    await agent.open_local()
     try:
         async with TestKafkaBroker(agent.broker):
             yield agent, sinks
@@ -147,3 +156,150 @@ def test_create_app_builds_without_connecting(settings: AgentSettings) -> None:
     assert app.broker is not None
     # Nothing is opened until startup: creating the app touches no files.
     assert not Path(settings.state_dir).exists()
+
+
+async def send(agent: Agent, centre: Any, action: Action, seq: int) -> None:
+    command = centre.command(action, seq=seq, issued_at=now_utc())
+    await agent.broker.publish(
+        command.model_dump_json().encode(),
+        topic=topic_name(Topic.NODE_COMMANDS, agent.settings.namespace),
+        key=NODE.encode(),
+    )
+
+
+async def wait_reports(sink: Sink, count: int, timeout_s: float = 5.0) -> list[NodeReport]:
+    async with asyncio.timeout(timeout_s), sink.arrived:
+        await sink.arrived.wait_for(lambda: len(sink.messages) >= count)
+    return sink.parsed(NodeReport)
+
+
+async def wait_last_report(
+    sink: Sink, check: Callable[[NodeReport], bool], timeout_s: float = 10.0
+) -> NodeReport:
+    # A helper, not inline: FastStream's test broker cannot parse `async with` blocks inside
+    # its own `async with` whose items are not calls.
+    async with asyncio.timeout(timeout_s), sink.arrived:
+        await sink.arrived.wait_for(
+            lambda: bool(sink.messages) and check(sink.parsed(NodeReport)[-1])
+        )
+    return sink.parsed(NodeReport)[-1]
+
+
+async def test_interval_and_probe_commands_drive_the_loop(
+    running: tuple[Agent, dict[Topic, Sink]], centre: Any
+) -> None:
+    agent, sinks = running
+    reports = sinks[Topic.NODE_REPORTS]
+    await agent.start_reporting()
+    await wait_reports(reports, 2)
+    assert {r.interval_s for r in reports.parsed(NodeReport)} == {0.05}
+
+    # Night: one report an hour. The loop now waits, and nothing arrives.
+    await send(agent, centre, SetReportInterval(node_id=NODE, interval_s=3_600.0), seq=1)
+    await asyncio.sleep(0.1)  # a report under way when the command came may still land
+    before = len(reports.messages)
+    await asyncio.sleep(0.3)
+    assert len(reports.messages) == before
+    assert agent.interval_s == 3_600.0
+
+    # Day again: the loop wakes at once rather than after the hour it was waiting out.
+    await send(agent, centre, SetReportInterval(node_id=NODE, interval_s=0.5), seq=2)
+    arrived = await wait_reports(reports, before + 2, timeout_s=3.0)
+    assert arrived[-1].interval_s == 0.5
+    gap = (arrived[-1].occurred_at - arrived[-2].occurred_at).total_seconds()
+    assert 0.4 <= gap <= 1.5
+
+    await send(agent, centre, ProbeNode(node_id=NODE), seq=3)
+    results = sinks[Topic.NODE_COMMAND_RESULTS].parsed(CommandResult)
+    assert [(r.action, r.outcome) for r in results] == [
+        ("set_report_interval", "succeeded"),
+        ("set_report_interval", "succeeded"),
+        ("probe_node", "succeeded"),
+    ]
+    assert results[-1].outputs == {"mode": "active", "interval_s": 0.5}
+
+
+async def test_a_deaf_node_answers_nothing(
+    running: tuple[Agent, dict[Topic, Sink]], centre: Any
+) -> None:
+    agent, sinks = running
+    write_faults(agent.state_dir, FaultPlan(ignore_commands=True))
+    await send(agent, centre, ProbeNode(node_id=NODE), seq=1)
+    assert sinks[Topic.NODE_COMMAND_RESULTS].messages == []
+    write_faults(agent.state_dir, FaultPlan())
+    await send(agent, centre, ProbeNode(node_id=NODE), seq=1)  # seq 1 was never consumed
+    assert len(sinks[Topic.NODE_COMMAND_RESULTS].messages) == 1
+
+
+async def test_a_flapping_node_alternates(running: tuple[Agent, dict[Topic, Sink]]) -> None:
+    agent, sinks = running
+    reports = sinks[Topic.NODE_REPORTS]
+    write_faults(agent.state_dir, FaultPlan(flap_s=0.3))
+    await agent.start_reporting()
+    await asyncio.sleep(1.6)
+    times = [r.occurred_at for r in reports.parsed(NodeReport)]
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(times)]
+    assert len(times) >= 6
+    # Bursts at the report interval, separated by silences of about flap_s.
+    assert sum(1 for gap in gaps if gap >= 0.2) >= 2
+    assert sum(1 for gap in gaps if gap < 0.15) >= 4
+
+
+async def test_reports_carry_peer_probes(
+    running: tuple[Agent, dict[Topic, Sink]], settings: AgentSettings
+) -> None:
+    agent, sinks = running
+    agents_dir = agent.state_dir.parent
+    # This agent answers probes too, at the address it published.
+    own = read_probe_addr(agent.state_dir / PROBE_FILE)
+    assert own is not None
+    assert (await probe_peer(NODE, own, timeout_s=1.0)).reachable
+
+    peer = EchoListener(agents_dir / "node-002")
+    await peer.start()
+    (agents_dir / "node-003").mkdir()
+    (agents_dir / "node-003" / PROBE_FILE).write_text("127.0.0.1:1\n")  # a killed agent's
+    try:
+        await agent.start_reporting()
+        reports = sinks[Topic.NODE_REPORTS]
+        async with asyncio.timeout(5), reports.arrived:
+            await reports.arrived.wait_for(
+                lambda: any(NodeReport.model_validate_json(body).peer_probes
+                            for _, body in reports.messages)
+            )
+        probes = next(r.peer_probes for r in reports.parsed(NodeReport) if r.peer_probes)
+        assert [(p.peer_node_id, p.reachable) for p in probes] == [
+            ("node-002", True), ("node-003", False)
+        ]
+    finally:
+        await peer.close()
+
+
+async def test_real_jobs_start_after_the_first_report_and_stop_with_the_agent(
+    settings: AgentSettings, tmp_path: Path, centre: Any
+) -> None:
+    settings = settings.model_copy(
+        update={"jobs": "train", "interval_s": 0.1, "checkpoint_every_s": 0.5}
+    )
+    agent = create_agent(settings)
+    reports = Sink()
+    results = Sink()
+    reports.subscribe(agent.broker, topic_name(Topic.NODE_REPORTS, settings.namespace))
+    results.subscribe(agent.broker, topic_name(Topic.NODE_COMMAND_RESULTS, settings.namespace))
+    await agent.open_local()
+    try:
+        async with TestKafkaBroker(agent.broker):
+            await agent.start_reporting()
+            first = (await wait_reports(reports, 1))[0]
+            assert [(j.job_id, j.state) for j in first.jobs] == [("node-001.train", "starting")]
+            running = await wait_last_report(reports, lambda r: r.jobs[0].state == "running", 20)
+            assert running.gpus[0].utilization_pct > 50.0  # the real job loads its GPU
+            # Offline stops the job at once (checkpoint, exit), not at the next report.
+            await send(agent, centre, DrainNode(node_id=NODE), seq=1)
+            await send(agent, centre, OfflineNode(node_id=NODE), seq=2)
+            stopped = await wait_last_report(reports, lambda r: r.jobs[0].state == "stopped")
+            assert stopped.gpus[0].utilization_pct == 0.0
+    finally:
+        await agent.stop_reporting()
+        await agent.close()
+    assert (job_dir(agent.state_dir, "node-001.train") / CHECKPOINT_FILE).exists()

@@ -21,7 +21,9 @@ from schemas.events.v1 import (
     MigrateJob,
     OfflineNode,
     OnlineNode,
+    ProbeNode,
     QueryStatus,
+    SetReportInterval,
     SetResources,
     StartJob,
     StopJob,
@@ -411,3 +413,141 @@ def test_every_answer_is_journaled_before_it_is_returned(
         assert other.mode == "draining"
     finally:
         other.close()
+
+
+# ---------------------------------------------------------------- report interval and probe
+
+
+def test_set_report_interval_is_journaled_and_survives_a_restart(
+    executor: CommandExecutor, centre: Any, journal: Journal, state_dir: Path, now: datetime
+) -> None:
+    assert executor.interval_s == 2.0  # nothing journaled: the configured interval
+    result = executor.handle(
+        centre.command(SetReportInterval(node_id=NODE, interval_s=30.0), seq=1), now
+    )
+    assert result is not None
+    assert (result.action, result.outcome) == ("set_report_interval", "succeeded")
+    assert result.outputs == {"interval_s": 30.0, "previous_interval_s": 2.0, "changed": True}
+    assert executor.interval_s == 30.0
+    assert journal.mode == "active"
+
+    reopened = Journal.open(state_dir)
+    try:
+        restarted = CommandExecutor(NODE, "local", centre.verifier, reopened,
+                                    default_interval_s=2.0)
+        assert restarted.interval_s == 30.0  # the centre's value wins over the configured one
+        probe = restarted.handle(centre.command(ProbeNode(node_id=NODE), seq=2), now)
+        assert probe is not None
+        assert probe.outputs == {"mode": "active", "interval_s": 30.0}
+    finally:
+        reopened.close()
+
+
+@pytest.mark.parametrize("interval_s", [0.49, 3_600.5, 0.0])
+def test_set_report_interval_out_of_range_is_an_invalid_payload(
+    executor: CommandExecutor, centre: Any, journal: Journal, now: datetime, interval_s: float
+) -> None:
+    payload = json.loads(centre.payload().model_dump_json())
+    payload["action"] = {"action": "set_report_interval", "node_id": NODE,
+                         "interval_s": interval_s}
+    result = executor.handle(signed_raw(centre, payload), now)
+    assert result is not None
+    assert (result.outcome, result.reason) == ("rejected", "invalid_payload")
+    assert journal.interval_s is None
+
+
+def test_probe_node_answers_at_once(
+    executor: CommandExecutor, centre: Any, journal: Journal, now: datetime
+) -> None:
+    executor.handle(centre.command(DrainNode(node_id=NODE), seq=1), now)
+    result = executor.handle(centre.command(ProbeNode(node_id=NODE), seq=2), now)
+    assert result is not None
+    assert (result.action, result.outcome, result.reason) == ("probe_node", "succeeded", "")
+    assert result.outputs == {"mode": "draining", "interval_s": 2.0}
+    assert journal.cached_result(result.command_id) == result  # journaled like any command
+    assert journal.last_seq == 1  # outside the command ordering: it neither needs nor moves it
+    assert journal.mode == "draining"  # a probe changes nothing
+
+
+@pytest.mark.parametrize(
+    "action",
+    [ProbeNode(node_id=NODE), SetReportInterval(node_id=NODE, interval_s=10.0)],
+    ids=lambda action: action.action,
+)
+def test_new_actions_follow_the_verification_order(
+    executor: CommandExecutor, centre: Any, journal: Journal, now: datetime, action: Any
+) -> None:
+    # Signature first: a forged one is dead-lettered, nothing journaled.
+    forged = centre.command(action, seq=1).model_copy(
+        update={"sig": b64url(Ed25519PrivateKey.generate().sign(b"x"))}
+    )
+    with pytest.raises(PermanentError, match="bad_signature"):
+        executor.handle(forged, now)
+    # Audience, then expiry.
+    other_node = type(action).model_validate(action.model_dump() | {"node_id": "node-002"})
+    elsewhere = centre.command(other_node, node="node-002", seq=1).model_copy(
+        update={"subject": NODE}
+    )
+    expired = centre.command(action, seq=1, ttl_s=10)
+    outcomes = [
+        executor.handle(elsewhere, now),
+        executor.handle(expired, now + timedelta(seconds=60)),
+    ]
+    assert [(r.outcome, r.reason) for r in outcomes if r] == [
+        ("rejected", "wrong_audience"), ("rejected", "expired")
+    ]
+    assert journal.interval_s is None
+    # Executed once; the same command again is a duplicate with the cached answer.
+    command = centre.command(action, seq=5, epoch=3)
+    first = executor.handle(command, now)
+    again = executor.handle(command, now)
+    assert first is not None
+    assert again is not None
+    assert first.outcome == "succeeded"
+    assert again.duplicate
+    assert again.outputs == first.outputs
+    # Idempotent and disrupting nothing, they sit outside seq and epoch: an old seq or
+    # epoch is no reason to refuse them, and they never move the node's ordering.
+    old_seq = executor.handle(centre.command(action, seq=5, epoch=3), now)
+    old_epoch = executor.handle(centre.command(action, seq=6, epoch=2), now)
+    assert old_seq is not None
+    assert old_epoch is not None
+    assert (old_seq.outcome, old_epoch.outcome) == ("succeeded", "succeeded")
+    assert journal.last_seq is None
+    assert journal.max_epoch is None
+    # A disruptive command still meets the ordering afterwards.
+    drain = executor.handle(centre.command(DrainNode(node_id=NODE), seq=1, epoch=1), now)
+    assert drain is not None
+    assert drain.outcome == "succeeded"
+    assert journal.command_count() == 6  # every answer but the duplicate's
+
+
+def test_dry_run_interval_changes_nothing(
+    executor: CommandExecutor, centre: Any, journal: Journal, now: datetime
+) -> None:
+    result = executor.handle(
+        centre.command(SetReportInterval(node_id=NODE, interval_s=60.0), dry_run=True), now
+    )
+    assert result is not None
+    assert result.outcome == "succeeded"
+    assert result.outputs == {
+        "dry_run": True, "mode": "active", "interval_s": 2.0, "target_interval_s": 60.0
+    }
+    assert journal.interval_s is None
+    assert executor.interval_s == 2.0
+
+
+@pytest.mark.parametrize(
+    "action",
+    [ProbeNode(node_id=NODE), SetReportInterval(node_id=NODE, interval_s=10.0)],
+    ids=lambda action: action.action,
+)
+def test_injected_failure_of_the_new_actions(
+    executor: CommandExecutor, centre: Any, journal: Journal, state_dir: Path, now: datetime,
+    action: Any,
+) -> None:
+    write_faults(state_dir, FaultPlan(fail_actions=[action.action]))
+    result = executor.handle(centre.command(action), now)
+    assert result is not None
+    assert (result.outcome, result.reason) == ("failed", "injected_failure")
+    assert journal.interval_s is None

@@ -279,3 +279,9 @@ def test_other_nvml_errors_are_not_hidden() -> None:
     # Only "no driver" means "simulate"; any other failure is a real problem.
     with pytest.raises(FakeNVMLError):
         open_probe(2, module=FakeNvml(init_error=FakeNVMLError))
+
+
+def test_a_starting_job_does_not_load_its_gpu_yet(now: datetime) -> None:
+    probe = SimulatedProbe(1, seed=1)
+    assert probe.read([training(0, state="starting")], now)[0].utilization_pct == 0.0
+    assert probe.read([training(0, state="checkpointing")], now)[0].utilization_pct > 80.0

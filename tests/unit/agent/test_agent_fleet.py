@@ -6,18 +6,26 @@ No broker is needed: the agents point at a closed loopback port, so they stay in
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from agent.fleet import (
+    REPO_ROOT,
+    agent_dir,
+    agent_env,
     agent_status,
     fleet_down,
     fleet_up,
     is_alive,
+    job_pids,
     kill_agent,
     log_path,
     node_name,
@@ -25,6 +33,10 @@ from agent.fleet import (
     read_pid,
     start_agent,
 )
+from agent.jobs import PID_FILE as JOB_PID_FILE
+from agent.jobs import job_dir
+from agent.ml.runtime import STATUS_FILE
+from agent.peers import PROBE_FILE, PeerProber, read_probe_addr
 
 
 def closed_port() -> int:
@@ -69,6 +81,12 @@ def test_fleet_up_kill_and_down(tmp_path: Path, centre: object) -> None:
             assert "GPU source: SIMULATED (1 GPUs)" in log or "GPU source: NVML" in log
         assert agent_status(tmp_path) == {"node-001": True, "node-002": True}
 
+        # They answer their peers' probes before Kafka is reachable at all.
+        for process in agents:
+            wait_for_file(process.state_dir / PROBE_FILE)
+        probes = asyncio.run(PeerProber("node-001", tmp_path / "agents").probe_round())
+        assert [(p.peer_node_id, p.reachable) for p in probes] == [("node-002", True)]
+
         # Starting a node twice never makes a second agent with the same identity.
         again = start_agent(
             "node-001", gpus=1, cluster_id="local", namespace="fleettest", state_dir=tmp_path,
@@ -78,6 +96,10 @@ def test_fleet_up_kill_and_down(tmp_path: Path, centre: object) -> None:
 
         assert kill_agent(tmp_path, "node-002")
         assert not is_alive(agents[1].pid)
+        # A killed agent leaves its address behind, and no longer answers at it.
+        assert read_probe_addr(agents[1].state_dir / PROBE_FILE) is not None
+        probes = asyncio.run(PeerProber("node-001", tmp_path / "agents").probe_round())
+        assert [(p.peer_node_id, p.reachable) for p in probes] == [("node-002", False)]
         assert pid_path(tmp_path, "node-002").exists()  # a crash leaves its pid file
         assert agent_status(tmp_path) == {"node-001": True, "node-002": False}
         assert not kill_agent(tmp_path, "node-002")
@@ -87,6 +109,55 @@ def test_fleet_up_kill_and_down(tmp_path: Path, centre: object) -> None:
     assert not is_alive(agents[0].pid)
     assert agent_status(tmp_path) == {}
     assert (tmp_path / "agents" / "node-001" / "journal.sqlite3").exists()
+
+
+def wait_for_file(path: Path, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.1)
+
+
+def test_agent_env_passes_the_job_and_probe_settings(tmp_path: Path) -> None:
+    def env_for(env: dict[str, str], **extra: object) -> dict[str, str]:
+        return agent_env(node_id="node-004", gpus=2, cluster_id="c", namespace="n",
+                         state_dir=tmp_path, env=env, trusted_keys=[], interval_s=1.0,
+                         **extra)  # type: ignore[arg-type]
+
+    default = env_for({})
+    assert default["AGENT_JOBS"] == "train,infer"  # a fleet runs real jobs by default
+    assert "AGENT_PROBE_PORT" not in default
+    assert default["AGENT_STATE_DIR"] == str(agent_dir(tmp_path, "node-004"))
+    passed = env_for({"AGENT_JOBS": "", "AGENT_PEER_PROBES": "5", "AGENT_HUNG_AFTER_S": "9"})
+    assert (passed["AGENT_JOBS"], passed["AGENT_PEER_PROBES"], passed["AGENT_HUNG_AFTER_S"]) == (
+        "", "5", "9"
+    )
+    chosen = env_for({"AGENT_JOBS": ""}, jobs="sim", probe_port=7001)
+    assert (chosen["AGENT_JOBS"], chosen["AGENT_PROBE_PORT"]) == ("sim", "7001")
+
+
+def test_leftover_jobs_are_reaped(tmp_path: Path) -> None:
+    # A job whose agent is gone (here: started by the test), recorded where its agent keeps it.
+    directory = job_dir(agent_dir(tmp_path, "node-001"), "node-001.train")
+    job = subprocess.Popen(
+        [sys.executable, "-m", "agent.ml.train", "--job-id", "node-001.train",
+         "--job-dir", str(directory), "--nice", "0"],
+        cwd=REPO_ROOT, env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        # Its status file shows it runs (right after exec, its command line may still be blank).
+        wait_for_file(directory / STATUS_FILE)
+        (directory / JOB_PID_FILE).write_text(f"{job.pid}\n")
+        assert job_pids(tmp_path, "node-001") == {"node-001.train": job.pid}
+        os.kill(job.pid, signal.SIGSTOP)  # frozen by a hung_job fault: it cannot notice
+        pid_path(tmp_path, "node-001").write_text(f"{os.getpid()}\n")  # not an agent
+        assert fleet_down(tmp_path) == []
+        assert job.wait(timeout=10) is not None
+        assert job_pids(tmp_path, "node-001") == {}
+    finally:
+        job.kill()
+        job.wait()
 
 
 def test_stale_pid_file_is_not_signalled(tmp_path: Path) -> None:

@@ -99,3 +99,31 @@ def test_failed_write_rolls_back(journal: Journal, now: datetime) -> None:
         # The mode CHECK constraint fails after the insert: nothing of it may remain.
         journal.record(result(), seq=2, epoch=2, accepted=True, mode="broken", now=now)  # type: ignore[arg-type]
     assert (journal.last_seq, journal.mode, journal.command_count()) == (1, "draining", 1)
+
+
+def test_interval_survives_reopen(state_dir: Path, now: datetime) -> None:
+    journal = Journal.open(state_dir)
+    assert journal.interval_s is None  # never set: the agent uses its configured interval
+    changed = result(interval_s="0.75")
+    assert journal.record(changed, seq=1, epoch=1, accepted=True, interval_s=0.75, now=now)
+    journal.close()
+    reopened = Journal.open(state_dir)
+    try:
+        assert reopened.interval_s == 0.75
+        assert reopened.mode == "active"  # the interval is not a mode change
+        reopened.set_interval(3_600.0)
+        assert reopened.interval_s == 3_600.0
+    finally:
+        reopened.close()
+
+
+def test_interval_is_not_changed_by_a_rejected_duplicate(state_dir: Path, now: datetime) -> None:
+    journal = Journal.open(state_dir)
+    try:
+        first = result()
+        journal.record(first, seq=1, epoch=1, accepted=True, interval_s=5.0, now=now)
+        # The same command id again (a replay) must change nothing, interval included.
+        assert not journal.record(first, seq=2, epoch=1, accepted=True, interval_s=1.0, now=now)
+        assert journal.interval_s == 5.0
+    finally:
+        journal.close()

@@ -16,7 +16,7 @@ from agent.jobs import TRAINING_RUN_S, SimulatedJobs
 from agent.journal import Journal
 from agent.report import Reporter
 from agent.settings import AgentSettings
-from schemas.events.v1 import GpuMetrics, JobInfo, NodeReport
+from schemas.events.v1 import GpuMetrics, JobInfo, NodeMode, NodeReport, PeerProbe
 
 NODE = "node-001"
 
@@ -88,7 +88,9 @@ def test_mode_comes_from_the_journal(journal: Journal, now: datetime) -> None:
 
 def test_a_failing_probe_is_fault_data(journal: Journal, now: datetime) -> None:
     class Broken(SimulatedProbe):
-        def read(self, jobs: Sequence[JobInfo], now: datetime) -> list[GpuMetrics]:
+        def read(
+            self, jobs: Sequence[JobInfo], now: datetime, load_pct: float | None = None
+        ) -> list[GpuMetrics]:
             raise RuntimeError("GPU is lost")
 
     source = reporter(journal, now)
@@ -104,6 +106,82 @@ def test_jobs_without_gpus(journal: Journal, now: datetime) -> None:
     assert report.gpus == []
     assert [j.gpu_indices for j in report.jobs] == [[], []]
     assert report.faults[0].code == 79
+
+
+def test_interval_comes_from_the_journal(journal: Journal, now: datetime) -> None:
+    source = reporter(journal, now)
+    assert source.build(now, FaultPlan()).interval_s == 2.0
+    journal.set_interval(0.5)  # as a set_report_interval command leaves it
+    assert source.interval_s == 0.5
+    assert source.build(now + timedelta(seconds=1), FaultPlan()).interval_s == 0.5
+
+
+def test_peer_probes_reach_the_report(journal: Journal, now: datetime) -> None:
+    probes = [
+        PeerProbe(peer_node_id=f"node-{n:03d}", reachable=n != 3, rtt_ms=None if n == 3 else 0.2)
+        for n in range(2, 22)
+    ]
+    source = reporter(journal, now)
+    source.peer_probes = lambda: probes
+    report = source.build(now, FaultPlan())
+    assert report.peer_probes == probes[:16]  # the schema's bound, never a rejected report
+    assert report.peer_probes[1].reachable is False
+
+
+def test_load_overrides_what_the_jobs_put_on_the_gpus(journal: Journal, now: datetime) -> None:
+    source = reporter(journal, now)
+    held = source.build(now, FaultPlan(load_pct=90.0))
+    assert all(86.0 <= g.utilization_pct <= 94.0 for g in held.gpus)
+    low = source.build(now + timedelta(seconds=2), FaultPlan(load_pct=5.0))
+    assert all(g.utilization_pct <= 9.0 for g in low.gpus)
+    assert held.faults == low.faults == []
+
+
+class FrozenJobs:
+    """A job source whose training job is hung; records what it was told."""
+
+    def __init__(self) -> None:
+        self.told: list[tuple[NodeMode, FaultPlan]] = []
+
+    def start(self) -> None:
+        pass
+
+    def reconcile(self, mode: NodeMode, plan: FaultPlan) -> None:
+        self.told.append((mode, plan))
+
+    def snapshot(self, now: datetime) -> list[JobInfo]:
+        return [JobInfo(job_id="node-001.train", kind="training", state="hung",
+                        progress_pct=12.5, gpu_indices=[0])]
+
+    def close(self) -> None:
+        pass
+
+
+def test_hung_jobs_become_fault_data(journal: Journal, now: datetime) -> None:
+    jobs = FrozenJobs()
+    source = reporter(journal, now)
+    source.jobs = jobs
+    plan = FaultPlan(hung_job=True)
+    journal.set_mode("draining")
+    report = source.build(now, plan)
+    assert jobs.told == [("draining", plan)]  # the jobs follow the mode and the plan
+    assert [(f.kind, f.detail) for f in report.faults] == [
+        ("hung_job", "node-001.train: no progress")
+    ]
+    assert report.jobs[0].progress_pct == 12.5
+    assert report.gpus[0].utilization_pct == 0.0  # hung: memory held, no compute
+
+
+def test_failing_jobs_are_fault_data(journal: Journal, now: datetime) -> None:
+    class Broken(FrozenJobs):
+        def snapshot(self, now: datetime) -> list[JobInfo]:
+            raise OSError("no status")
+
+    source = reporter(journal, now)
+    source.jobs = Broken()
+    report = source.build(now, FaultPlan())
+    assert report.jobs == []
+    assert [(f.kind, "no status" in f.detail) for f in report.faults] == [("agent", True)]
 
 
 def test_training_wraps_after_a_run(now: datetime) -> None:
@@ -169,5 +247,46 @@ def test_settings_without_keys(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_settings_are_validated(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
     monkeypatch.setenv("AGENT_NODE_ID", "node-001")
     monkeypatch.setenv(name, value)
+    with pytest.raises(ValidationError):
+        AgentSettings()
+
+
+@pytest.mark.parametrize(
+    ("value", "stored", "names"),
+    [
+        ("train,infer", "train,infer", ["train", "infer"]),
+        ("infer, train,train", "train,infer", ["train", "infer"]),
+        ("infer", "infer", ["infer"]),
+        ("", "", []),
+        (" sim ", "sim", []),
+    ],
+)
+def test_jobs_setting(
+    monkeypatch: pytest.MonkeyPatch, value: str, stored: str, names: list[str]
+) -> None:
+    monkeypatch.setenv("AGENT_NODE_ID", "node-001")
+    monkeypatch.setenv("AGENT_JOBS", value)
+    settings = AgentSettings()
+    assert (settings.jobs, settings.job_names()) == (stored, names)
+
+
+@pytest.mark.parametrize("value", ["train,shell", "sim,train", "TRAIN"])
+def test_unknown_jobs_are_refused(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("AGENT_NODE_ID", "node-001")
+    monkeypatch.setenv("AGENT_JOBS", value)
+    with pytest.raises(ValidationError):
+        AgentSettings()
+
+
+def test_new_settings_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENT_NODE_ID", "node-001")
+    for name in ("AGENT_JOBS", "AGENT_HUNG_AFTER_S", "AGENT_PROBE_PORT", "AGENT_PEER_PROBES"):
+        monkeypatch.delenv(name, raising=False)
+    settings = AgentSettings()
+    assert (settings.jobs, settings.hung_after_s, settings.checkpoint_every_s) == (
+        "train,infer", 30.0, 5.0
+    )
+    assert (settings.probe_port, settings.peer_probes, settings.probe_timeout_s) == (0, 3, 1.0)
+    monkeypatch.setenv("AGENT_PEER_PROBES", "17")  # more than a report may carry
     with pytest.raises(ValidationError):
         AgentSettings()

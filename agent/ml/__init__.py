@@ -1,0 +1,1 @@
+"""Real ML jobs the agent runs as child processes (`python -m agent.ml.<module>`)."""
