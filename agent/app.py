@@ -8,6 +8,7 @@ import logging
 import sqlite3
 import zlib
 from pathlib import Path
+from typing import Literal
 
 from faststream import FastStream
 from faststream.kafka import KafkaBroker
@@ -213,20 +214,21 @@ class Agent:
                 await asyncio.wait_for(self._stop.wait(), timeout=seconds)
         return self._stop.is_set()
 
-    async def _next_tick(self, started: float) -> bool:
-        """Wait until one interval after `started`, or less if a fatal GPU event arrives;
-        True if the agent is stopping."""
+    async def _next_tick(self, started: float) -> Literal["stop", "due", "urgent"]:
+        """Wait until one interval after `started`, or less if a fatal GPU event arrives."""
         loop = asyncio.get_running_loop()
         while not self._stop.is_set():
             # Recomputed after every wake-up: a new interval counts from this tick's start.
             remaining = self.interval_s - (loop.time() - started)
-            if remaining <= 0 or self._urgent():
-                break
+            if remaining <= 0:
+                return "due"
+            if self._urgent():
+                return "urgent"
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 # Short slices, so a new XID is reported within a fraction of a second.
                 await asyncio.wait_for(self._wake.wait(), timeout=min(remaining, URGENT_POLL_S))
-        return self._stop.is_set()
+        return "stop"
 
     def _urgent(self) -> bool:
         """A GPU fault the centre has not been told about yet: report now, not next interval.
@@ -271,8 +273,18 @@ class Agent:
                 # Only after the first report: starting processes must not delay the heartbeat.
                 self._jobs.start()
                 jobs_started = True
-            if await self._next_tick(started):
-                return
+            while True:
+                woke = await self._next_tick(started)
+                if woke == "stop":
+                    return
+                if woke == "due":
+                    break
+                # An extra report now; the regular one still comes at its time, so a fault's
+                # second report follows within one interval of it.
+                try:
+                    await self.report_once(read_faults(self.state_dir))
+                except Exception:
+                    log.exception("publishing the urgent report failed")
 
     async def report_once(self, plan: FaultPlan) -> None:
         """Build and publish one report inside its own span (trace context goes to Kafka)."""

@@ -145,6 +145,9 @@ def fleet_up(
     nodes: Annotated[int, typer.Option(min=1, max=500)] = 3,
     gpus: Annotated[int, typer.Option(min=0, max=64)] = 2,
     interval: Annotated[float, typer.Option(help="Report interval in seconds.")] = 2.0,
+    jobs: Annotated[str, typer.Option(
+        help="ML jobs per agent: train,infer | '' for none | sim (no processes).")] = "train,infer",
+    first: Annotated[int, typer.Option(min=1, help="Number of the first node.")] = 1,
 ) -> None:
     """Start NODES local agent processes."""
     from agent import fleet
@@ -153,7 +156,7 @@ def fleet_up(
     state = _state_dir(settings)
     _, public = ensure_keypair(state / "keys")
     agents = fleet.fleet_up(nodes, gpus, settings.cluster_id, settings.namespace, state,
-                            _service_env(settings), [public], interval)
+                            _service_env(settings), [public], interval, first=first, jobs=jobs)
     _enrol(settings, [a.node_id for a in agents])
     typer.echo(f"started {len(agents)} agents: " + ", ".join(a.node_id for a in agents))
 
@@ -174,12 +177,31 @@ def fleet_fault(
     ecc: Annotated[int, typer.Option(help="Uncorrected ECC errors.")] = 0,
     hung_job: Annotated[bool, typer.Option(help="Report a hung job.")] = False,
     silent: Annotated[bool, typer.Option(help="Stop reporting (heartbeat stops).")] = False,
+    load: Annotated[float | None, typer.Option(
+        min=0, max=100, help="Hold the GPUs at this utilisation, %.")] = None,
+    flap: Annotated[float, typer.Option(
+        min=0, help="Alternate reporting and silence every FLAP seconds.")] = 0.0,
+    deaf: Annotated[bool, typer.Option(help="Report, but answer no command.")] = False,
 ) -> None:
-    """Inject a fault on one agent."""
+    """Inject a fault (or a load) on one agent; it adds to what is already injected."""
     from agent import fleet
 
-    fleet.inject_fault(_state_dir(_settings()), node, xid=list(xid or []), ecc_uncorrected=ecc,
-                       hung_job=hung_job, silent=silent)
+    changes: dict[str, object] = {}
+    if xid:
+        changes["xid"] = list(xid)
+    if ecc:
+        changes["ecc_uncorrected"] = ecc
+    if hung_job:
+        changes["hung_job"] = True
+    if silent:
+        changes["silent"] = True
+    if load is not None:
+        changes["load_pct"] = load
+    if flap:
+        changes["flap_s"] = flap
+    if deaf:
+        changes["ignore_commands"] = True
+    fleet.inject_fault(_state_dir(_settings()), node, **changes)
     typer.echo(f"fault injected on {node}")
 
 
@@ -201,31 +223,59 @@ def fleet_kill(node: str) -> None:
     typer.echo(f"killed {node}")
 
 
+# Shorter holds than in production, so the demo shows every need within a couple of minutes.
+DEMO_SETTINGS = {
+    "ANALYZER_POOL_PERIOD_S": "2",
+    "ANALYZER_LOAD_BALANCE__HOLD_S": "10",
+    "ANALYZER_SCALE__HOLD_S": "20",
+    "ANALYZER_ONLINE__HOLD_S": "20",
+}
+
+
 @app.command()
 def demo(
-    nodes: Annotated[int, typer.Option(min=1, max=50)] = 3,
-    fault_after: Annotated[float, typer.Option(help="Seconds before the fault.")] = 12.0,
+    nodes: Annotated[int, typer.Option(min=2, max=50)] = 3,
+    fault_after: Annotated[float, typer.Option(help="Seconds before the first fault.")] = 12.0,
 ) -> None:
-    """Services plus a local fleet; a GPU fault on one agent becomes a succeeded offline task."""
+    """Services plus a local fleet, then a scripted day: a GPU fault becomes a succeeded
+    offline task, one hot node raises a load-balance need, a busy pool a scale-out need, and
+    the repaired node an online need. Ctrl-C stops everything."""
     from agent import fleet
 
     settings = _settings()
     state = _state_dir(settings)
-    env = _service_env(settings)
+    env = _service_env(settings) | DEMO_SETTINGS
     asyncio.run(ensure_topics(settings.kafka_bootstrap_servers, settings.namespace))
     _, public = ensure_keypair(state / "keys")
     services = launcher.start_services(state, env)
+    names = [f"node-{i:03d}" for i in range(1, nodes + 1)]
+    for node in names:  # a calm start: every GPU at 40%
+        fleet.inject_fault(state, node, load_pct=40.0)
     agents = fleet.fleet_up(nodes, 2, settings.cluster_id, settings.namespace, state, env,
                             [public], 2.0)
     _enrol(settings, [a.node_id for a in agents])
     typer.echo(f"services and {len(agents)} agents running; logs in {state / 'logs'}")
-    victim = agents[min(1, len(agents) - 1)].node_id
+    victim, hot = names[1], names[0]
+
+    def step(text: str) -> None:
+        typer.echo(typer.style(f"--- {text} ---", bold=True))
 
     async def show() -> None:
         watcher = asyncio.create_task(watch(settings))
         await asyncio.sleep(fault_after)
-        typer.echo(f"--- injecting GPU XID 79 (fallen off the bus) on {victim} ---")
+        step(f"GPU XID 79 (fallen off the bus) on {victim}")
         fleet.inject_fault(state, victim, xid=[79])
+        await asyncio.sleep(15)
+        step(f"{hot} runs hot at 92% while the pool is at about 55%")
+        fleet.inject_fault(state, hot, load_pct=92.0)
+        await asyncio.sleep(20)
+        step("the whole pool holds at 88%")
+        for node in names:
+            fleet.inject_fault(state, node, load_pct=88.0)
+        await asyncio.sleep(35)
+        step(f"{victim} repaired: its fault clears")
+        fleet.inject_fault(state, victim, xid=[])
+        step("watching; Ctrl-C stops everything")
         await watcher
 
     previous = signal.getsignal(signal.SIGINT)

@@ -219,6 +219,24 @@ async def test_interval_and_probe_commands_drive_the_loop(
     assert results[-1].outputs == {"mode": "active", "interval_s": 0.5}
 
 
+async def test_a_new_xid_is_reported_at_once_not_at_the_next_interval(
+    running: tuple[Agent, dict[Topic, Sink]], centre: Any
+) -> None:
+    agent, sinks = running
+    reports = sinks[Topic.NODE_REPORTS]
+    await agent.start_reporting()
+    await wait_reports(reports, 1)
+    # A long interval: without the urgent report, the fault would wait an hour.
+    await send(agent, centre, SetReportInterval(node_id=NODE, interval_s=3_600.0), seq=1)
+    await asyncio.sleep(0.2)
+    before = len(reports.messages)
+    write_faults(agent.state_dir, FaultPlan(xid=[79]))
+    arrived = await wait_reports(reports, before + 1, timeout_s=2.0)
+    assert [f.code for f in arrived[-1].faults if f.kind == "xid"] == [79]
+    await asyncio.sleep(0.6)
+    assert len(reports.messages) == before + 1  # once: the fault is now known to the centre
+
+
 async def test_a_deaf_node_answers_nothing(
     running: tuple[Agent, dict[Topic, Sink]], centre: Any
 ) -> None:
