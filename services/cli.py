@@ -260,13 +260,25 @@ def demo(
     def step(text: str) -> None:
         typer.echo(typer.style(f"--- {text} ---", bold=True))
 
+    async def guard() -> None:
+        # A demo whose services died would show nothing happening: say so and stop.
+        # Child processes have no event to await here, so their table is polled.
+        while not (dead := launcher.dead_services(services)):  # noqa: ASYNC110
+            await asyncio.sleep(1.0)
+        for svc in dead:
+            typer.echo(f"{svc.name} exited ({svc.process.returncode}); see {svc.log_path}")
+        raise typer.Exit(1)
+
     async def show() -> None:
         watcher = asyncio.create_task(watch(settings))
+        guarding = asyncio.create_task(guard())
+        watcher.add_done_callback(lambda _: guarding.cancel())
+        guarding.add_done_callback(lambda _: watcher.cancel())
         await asyncio.sleep(fault_after)
         step(f"GPU XID 79 (fallen off the bus) on {victim}")
         fleet.inject_fault(state, victim, xid=[79])
         await asyncio.sleep(15)
-        step(f"{hot} runs hot at 92% while the pool is at about 55%")
+        step(f"{hot} runs hot at 92% while the rest of the pool stays at 40%")
         fleet.inject_fault(state, hot, load_pct=92.0)
         await asyncio.sleep(20)
         step("the whole pool holds at 88%")
@@ -276,7 +288,7 @@ def demo(
         step(f"{victim} repaired: its fault clears")
         fleet.inject_fault(state, victim, xid=[])
         step("watching; Ctrl-C stops everything")
-        await watcher
+        await asyncio.gather(watcher, guarding)
 
     previous = signal.getsignal(signal.SIGINT)
     try:

@@ -23,6 +23,7 @@ for svc in kafka redis; do
   fi
 done
 
-# A namespace per demo run, so a second run never replays the first one's events.
+# A namespace and a state folder per demo run, so a second run never replays the first
+# one's events nor starts agents whose journals say they were taken offline last time.
 export WARDEN_NAMESPACE="${WARDEN_NAMESPACE:-demo$(date +%s)}"
-"${ROOT}/.venv/bin/warden" demo "$@"
+WARDEN_STATE_DIR="${WARDEN_STATE_DIR}/runs/${WARDEN_NAMESPACE}" "${ROOT}/.venv/bin/warden" demo "$@"

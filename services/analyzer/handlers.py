@@ -12,8 +12,6 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from uuid import NAMESPACE_URL, uuid5
 
-from pydantic import BaseModel
-
 from schemas.events.v1 import (
     NodeMode,
     NodeState,
@@ -93,13 +91,16 @@ class Analyzer:
         for module in self.needs:
             if module.level != "node":
                 continue
-            args = getattr(self.settings, module.name)
             if module.detect is not None:
-                raised += [need for obs in observations
-                           for need in module.detect(obs, args, now, SOURCE)]
+                raised += [
+                    need for obs in observations
+                    for need in module.detect(
+                        obs, self.settings.args_for(module.name, obs.cluster_id, obs.pool),
+                        now, SOURCE)
+                ]
             elif from_samples:
                 raised += await self._evaluate(
-                    module, args, observations, [o.node_id for o in observations], now)
+                    module, observations, [o.node_id for o in observations], now)
         await self.publish(raised)
 
     async def analyze_pools(self) -> None:
@@ -116,11 +117,10 @@ class Analyzer:
         for module in self.needs:
             if module.level == "cluster":
                 raised += await self._evaluate(
-                    module, getattr(self.settings, module.name), observations,
-                    [o.pool for o in observations], now)
+                    module, observations, [o.pool for o in observations], now)
         await self.publish(raised)
 
-    async def _evaluate(self, module: NeedModule, args: BaseModel,
+    async def _evaluate(self, module: NeedModule,
                         observations: Sequence[NodeObservation | PoolObservation],
                         targets: list[str], now: datetime) -> list[OpsNeed]:
         """A stateful need over many observations: priors in, next states out, in bulk."""
@@ -130,6 +130,7 @@ class Analyzer:
         priors = await self.pools.load_conditions(keys)
         changes, needs = [], []
         for obs, key, prior in zip(observations, keys, priors, strict=True):
+            args = self.settings.args_for(module.name, obs.cluster_id, obs.pool)
             result = module.evaluate(obs, args, now, prior, SOURCE, self.settings.dry_run)
             if result.state != prior:
                 changes.append((key, result.state))

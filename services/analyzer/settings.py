@@ -1,7 +1,9 @@
 """Analyzer settings (env prefix ANALYZER_; nested arguments with `__`, e.g.
 ANALYZER_SCALE__HOLD_S=30)."""
 
-from pydantic import Field
+from typing import Any, Self
+
+from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.analyzer.needs.load_balance import Args as LoadBalanceArgs
@@ -32,3 +34,26 @@ class AnalyzerSettings(ServiceSettings):
         default=5.0, gt=0.0, description="How often pools (the cluster level) are analysed."
     )
     dry_run: bool = Field(default=False, description="Raise needs marked not to be acted on.")
+    overrides: dict[str, dict[str, dict[str, Any]]] = Field(
+        default_factory=dict,
+        description='Per cluster or pool: {"<cluster>" or "<cluster>/<pool>": {"<need>": '
+        '{<arg>: value}}}; a pool entry wins over its cluster\'s, both over the defaults.',
+    )
+
+    @model_validator(mode="after")
+    def _overrides_are_valid(self) -> Self:
+        # Checked at start, so a bad override stops the service with the field named.
+        for scope, needs in self.overrides.items():
+            for need, changes in needs.items():
+                base = getattr(self, need, None)
+                if not isinstance(base, BaseModel):
+                    raise ValueError(f"overrides[{scope!r}]: unknown need {need!r}")
+                type(base).model_validate(base.model_dump() | changes)
+        return self
+
+    def args_for(self, need: str, cluster: str, pool: str) -> BaseModel:
+        """A need's arguments for one pool: defaults, then cluster, then pool overrides."""
+        base: BaseModel = getattr(self, need)
+        changes = (self.overrides.get(cluster, {}).get(need, {})
+                   | self.overrides.get(f"{cluster}/{pool}", {}).get(need, {}))
+        return type(base).model_validate(base.model_dump() | changes) if changes else base

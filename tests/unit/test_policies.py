@@ -177,3 +177,29 @@ def test_day_and_night_report_intervals(hour: int, start: int, end: int, wanted:
     now = NOW.replace(hour=hour)
     assert collector.desired_interval(now, 5.0, 30.0, start, end) == wanted
     assert collector.desired_interval(now, None, 30.0, start, end) is None
+
+
+def test_ranges_are_configurable_per_cluster_and_per_pool() -> None:
+    from services.analyzer.settings import AnalyzerSettings
+
+    settings = AnalyzerSettings(overrides={
+        "prod": {"scale": {"high_enter": 90.0, "high_exit": 85.0}},
+        "prod/inference": {"scale": {"hold_s": 5.0}},
+    })
+    default = settings.args_for("scale", "lab", "default")
+    prod = settings.args_for("scale", "prod", "training")
+    inference = settings.args_for("scale", "prod", "inference")
+    assert (default.high_enter, default.hold_s) == (80.0, 60.0)  # type: ignore[attr-defined]
+    assert (prod.high_enter, prod.hold_s) == (90.0, 60.0)  # type: ignore[attr-defined]
+    assert (inference.high_enter, inference.hold_s) == (90.0, 5.0)  # type: ignore[attr-defined]
+
+
+def test_a_bad_override_is_refused_at_start() -> None:
+    from pydantic import ValidationError
+
+    from services.analyzer.settings import AnalyzerSettings
+
+    with pytest.raises(ValidationError, match="unknown need"):
+        AnalyzerSettings(overrides={"prod": {"teleport": {"x": 1}}})
+    with pytest.raises(ValidationError, match="high_enter"):
+        AnalyzerSettings(overrides={"prod": {"scale": {"high_enter": 10.0}}})
