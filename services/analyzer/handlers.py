@@ -57,6 +57,7 @@ class Analyzer:
         faulty = [bool(classify(s.faults, (), fault_args).counted) or
                   s.fault_count > len(s.faults) for s in batch.samples]
         runs = await self.store.fault_runs(batch.samples, faulty)
+        recent = await self.recent_fatal(batch, runs)
         pool_load = {
             (p.cluster_id, p.pool): p.effective_utilization_pct
             for p in await self.pools.observe_pools(now_utc())
@@ -69,9 +70,30 @@ class Analyzer:
                 consecutive_faulty=run, gpu_utilization_pct=sample.gpu_utilization_pct,
                 observed_at=sample.reported_at, source_event_id=sample.report_event_id,
                 pool_effective_utilization_pct=pool_load.get((sample.cluster_id, sample.pool)),
+                recent_fatal=fatal,
             )
-            for sample, run in zip(batch.samples, runs, strict=True)
+            for sample, run, fatal in zip(batch.samples, runs, recent, strict=True)
         ], from_samples=True)
+
+    async def recent_fatal(self, batch: SampleBatch, runs: list[int]) -> list[dict[int, int]]:
+        """Per sample, each faulty GPU's earlier fatal episodes within the repeat window, for
+        the escalation of a GPU that keeps failing (e.g. 5 in 24 h: replace it)."""
+        args = self.settings.offline.faults
+        items: list[tuple[str, str, int, str, bool]] = []
+        owners: list[tuple[int, int]] = []
+        for i, (sample, run) in enumerate(zip(batch.samples, runs, strict=True)):
+            fatal = classify(sample.faults, (), args).fatal_by_gpu
+            for gpu in fatal:
+                # The episode is named by the sample that started the run of faulty reports.
+                episode = f"{sample.node_id}:{gpu}:{sample.report_event_id if run == 1 else ''}"
+                items.append((sample.cluster_id, sample.node_id, gpu, episode, run == 1))
+                owners.append((i, gpu))
+        counts = await self.store.fatal_episodes(items, now_utc().timestamp(),
+                                                 args.repeat_window_s)
+        recent: list[dict[int, int]] = [{} for _ in batch.samples]
+        for (i, gpu), count in zip(owners, counts, strict=True):
+            recent[i][gpu] = max(0, count - 1)  # earlier episodes: not the current one
+        return recent
 
     async def on_node_state(self, event: NodeState) -> None:
         """A state change (e.g. `down`): only the stateless needs look at it, as it carries

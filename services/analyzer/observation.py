@@ -29,6 +29,10 @@ class NodeObservation(BaseModel):
     observed_at: datetime
     source_event_id: UUID
     reason: str = ""
+    recent_fatal: dict[int, int] = Field(
+        default_factory=dict,
+        description="Per GPU, earlier fatal fault episodes within the repeat window.",
+    )
     pool_effective_utilization_pct: float | None = Field(
         default=None, description="The pool's effective utilisation at the time, if known."
     )

@@ -35,6 +35,23 @@ return out
 """
 
 
+# Records fatal fault episodes per GPU and counts those within the repeat window.
+# KEYS: one sorted set per (node, GPU); ARGV[1] window start, ARGV[2] now, ARGV[3] TTL,
+# then per key: episode id, '1' if the episode starts now (record it).
+FATAL_EPISODES = """
+local out = {}
+for i = 1, #KEYS do
+  if ARGV[3 + 2 * i] == '1' then
+    redis.call('ZADD', KEYS[i], ARGV[2], ARGV[2 + 2 * i])
+    redis.call('EXPIRE', KEYS[i], ARGV[3])
+  end
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', ARGV[1])
+  out[i] = redis.call('ZCARD', KEYS[i])
+end
+return out
+"""
+
+
 class AnalyzerStore:
     """Small, idempotent facts the analyzer keeps between events."""
 
@@ -43,6 +60,7 @@ class AnalyzerStore:
         self.keys = keys
         self.run_ttl_s = run_ttl_s
         self._runs = redis.register_script(FAULT_RUNS)
+        self._episodes = redis.register_script(FATAL_EPISODES)
 
     async def fault_runs(self, samples: list[Sample], faulty: list[bool]) -> list[int]:
         """Consecutive faulty samples of each sample's node, counting that sample."""
@@ -54,6 +72,21 @@ class AnalyzerStore:
             args += [str(s.event_id), 1 if bad else 0]
         args.append(self.run_ttl_s)
         return [int(v) for v in await self._runs(keys=keys, args=args)]
+
+    async def fatal_episodes(self, items: list[tuple[str, str, int, str, bool]], now: float,
+                             window_s: float) -> list[int]:
+        """Per (cluster, node, gpu, episode id, starts now): fatal episodes in the window.
+
+        An episode is a run of consecutive faulty reports, recorded once when it starts, so
+        a fault repeated in every report (or replayed) counts once.
+        """
+        if not items:
+            return []
+        keys = [f"{self.keys.prefix}gpufatal:{c}:{n}:{g}" for c, n, g, _, _ in items]
+        args: list[str | float | int] = [now - window_s, now, int(window_s) + 60]
+        for _, _, _, episode, starts in items:
+            args += [episode, 1 if starts else 0]
+        return [int(v) for v in await self._episodes(keys=keys, args=args)]
 
     async def open_need(self, cluster: str, kind: str, target: str, ttl_s: int) -> bool:
         """True if no need of this kind is open for `target` (and marks one open)."""

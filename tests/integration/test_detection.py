@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -15,9 +16,16 @@ from schemas.topics import Topic
 from services.shared.redis_client import Keys
 from services.shared.registry import register
 from services.shared.signing import ensure_keypair
-from tests.integration.harness import Record, name, services, stack_env, tap, until
+from tests.integration.harness import Record, Tap, name, services, stack_env, tap, until
 
 pytestmark = pytest.mark.integration
+
+
+def is_need_number(needs: Tap, n: int) -> Callable[[Record], bool]:
+    """True once the (n+1)th need has arrived."""
+    def check(record: Record) -> bool:
+        return len(needs.records) > n
+    return check
 
 
 def need_for(node: str, metric: str) -> Callable[[Record], bool]:
@@ -62,5 +70,34 @@ async def test_a_node_that_reports_but_does_not_answer_probes_is_taken_offline(
                 assert int(failures) >= 1
             finally:
                 await redis.aclose()
+        finally:
+            fleet.fleet_down(tmp_path)
+
+
+async def test_a_gpu_that_keeps_failing_is_escalated_to_replace(
+    kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    # XID 48 (double-bit ECC) calls for a reboot; the third episode on the same GPU within
+    # the window escalates to replace. Open needs expire at once so each episode is seen.
+    env = stack_env(kafka_bootstrap, redis_url, namespace, tmp_path, AGENT_JOBS="",
+                    ANALYZER_OFFLINE__FAULTS__REPEAT_THRESHOLD="3",
+                    ANALYZER_OPEN_NEED_TTL_S="1")
+    _, public = ensure_keypair(tmp_path / "keys")
+    async with services(env, tmp_path, ("collector", "analyzer")):
+        agents = fleet.fleet_up(1, 1, "itest", namespace, tmp_path, env, [public], 0.5)
+        await register(redis_url, namespace, "itest", [a.node_id for a in agents])
+        try:
+            async with tap(kafka_bootstrap, name(Topic.OPS_NEEDS, namespace)) as needs:
+                classes = []
+                for episode in range(3):
+                    fleet.inject_fault(tmp_path, "node-001", xid=[48])
+                    record = await needs.wait_for(is_need_number(needs, episode), 30,
+                                                  f"the offline need of episode {episode + 1}")
+                    classes.append(OpsNeed.model_validate_json(record.value).action_class)
+                    fleet.inject_fault(tmp_path, "node-001", xid=[])
+                    await asyncio.sleep(2.5)  # healthy reports end the episode
+                assert classes == ["reboot", "reboot", "replace"]
+                last = OpsNeed.model_validate_json(needs.records[-1].value)
+                assert "3 fatal faults within" in " ".join(e.detail for e in last.evidence)
         finally:
             fleet.fleet_down(tmp_path)

@@ -81,7 +81,8 @@ def detect(
         )]
         action, level = NODE_FAULT_ACTION, "node"
     elif obs.state in ("up", "suspect"):
-        verdict = classify(obs.faults, obs.gpus, args.faults, recent_fatal)
+        verdict = classify(obs.faults, obs.gpus, args.faults,
+                           recent_fatal if recent_fatal is not None else obs.recent_fatal)
         # Faults only recorded (application XIDs, unknown XIDs) never take a node offline.
         if (len(verdict.counted) <= args.fault_max
                 or obs.consecutive_faulty < args.min_consecutive_reports):
