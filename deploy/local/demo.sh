@@ -8,20 +8,10 @@ cd "${ROOT}"
 # shellcheck source=deploy/local/env.sh
 source deploy/local/env.sh
 
-started=()
-cleanup() {
-  for svc in "${started[@]}"; do
-    "deploy/local/${svc}.sh" stop || true
-  done
-}
-trap cleanup EXIT
-
-for svc in kafka redis; do
-  if ! "deploy/local/${svc}.sh" status >/dev/null 2>&1; then
-    "deploy/local/${svc}.sh" start
-    started+=("${svc}")
-  fi
-done
+COMPONENT="$(basename "$0" .sh)"
+# shellcheck source=deploy/local/common.sh
+source deploy/local/common.sh
+start_missing_services
 
 # A namespace and a state folder per demo run, so a second run never replays the first
 # one's events nor starts agents whose journals say they were taken offline last time.

@@ -14,17 +14,13 @@
 # Both ports bind 127.0.0.1 only and sit away from 9092/9093 so a system Kafka does not collide.
 set -euo pipefail
 
-SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO_ROOT="$(cd "${SCRIPT_DIR}/../.." && pwd)"
+COMPONENT=kafka
+# shellcheck source=deploy/local/common.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/common.sh"
 
 KAFKA_HOST=127.0.0.1
 KAFKA_PORT="${KAFKA_PORT:-19092}"
 KAFKA_CONTROLLER_PORT="${KAFKA_CONTROLLER_PORT:-19093}"
-STATE_ROOT="${WARDEN_STATE_DIR:-${REPO_ROOT}/.state}"
-# Made absolute: the paths end up in generated config and in a daemon that may resolve them
-# against a different working directory than the caller's.
-mkdir -p "${STATE_ROOT}"
-STATE_ROOT="$(cd "${STATE_ROOT}" && pwd)"
 STATE_DIR="${STATE_ROOT}/kafka"
 DATA_DIR="${STATE_DIR}/data"
 LOGS_DIR="${STATE_DIR}/logs"
@@ -41,26 +37,10 @@ LIBS_DIR="${REPO_ROOT}/deploy/kafka/target/libs"
 READY_TIMEOUT_S=90
 STOP_TIMEOUT_S=30
 
-log() { printf 'kafka: %s\n' "$*"; }
-die() { printf 'kafka: error: %s\n' "$*" >&2; exit 1; }
 
 usage() {
     printf 'usage: %s {start|stop|status|reset}\n' "$0" >&2
     exit 2
-}
-
-# Seconds since the epoch with microseconds; bash 5 provides it without forking `date`.
-now() { printf '%s' "${EPOCHREALTIME}"; }
-
-elapsed_since() {
-    awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'
-}
-
-validate_port() {
-    local name="$1" value="$2"
-    if [[ ! "${value}" =~ ^[1-9][0-9]{0,4}$ ]] || (( value > 65535 )); then
-        die "${name}=${value} is not a valid TCP port"
-    fi
 }
 
 require_java() {

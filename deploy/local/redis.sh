@@ -11,16 +11,12 @@
 #                      package may start on install) never collides with this one
 set -euo pipefail
 
-SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO_ROOT="$(cd "${SCRIPT_DIR}/../.." && pwd)"
+COMPONENT=redis
+# shellcheck source=deploy/local/common.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/common.sh"
 
 REDIS_HOST=127.0.0.1
 REDIS_PORT="${REDIS_PORT:-16379}"
-STATE_ROOT="${WARDEN_STATE_DIR:-${REPO_ROOT}/.state}"
-# Made absolute: the paths end up in generated config and in a daemon that may resolve them
-# against a different working directory than the caller's.
-mkdir -p "${STATE_ROOT}"
-STATE_ROOT="$(cd "${STATE_ROOT}" && pwd)"
 STATE_DIR="${STATE_ROOT}/redis"
 PID_FILE="${STATE_DIR}/redis.pid"
 LOG_FILE="${STATE_DIR}/redis.log"
@@ -28,24 +24,10 @@ LOG_FILE="${STATE_DIR}/redis.log"
 READY_TIMEOUT_S=20
 STOP_TIMEOUT_S=15
 
-log() { printf 'redis: %s\n' "$*"; }
-die() { printf 'redis: error: %s\n' "$*" >&2; exit 1; }
 
 usage() {
     printf 'usage: %s {start|stop|status}\n' "$0" >&2
     exit 2
-}
-
-now() { printf '%s' "${EPOCHREALTIME}"; }
-
-elapsed_since() {
-    awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'
-}
-
-validate_port() {
-    if [[ ! "${REDIS_PORT}" =~ ^[1-9][0-9]{0,4}$ ]] || (( REDIS_PORT > 65535 )); then
-        die "REDIS_PORT=${REDIS_PORT} is not a valid TCP port"
-    fi
 }
 
 # Installs Debian's redis-server (which brings redis-cli) when either binary is missing. The
@@ -224,7 +206,7 @@ cmd_status() {
 
 main() {
     [[ $# -eq 1 ]] || usage
-    validate_port
+    validate_port REDIS_PORT "${REDIS_PORT}"
     case "$1" in
         start) take_lock; cmd_start ;;
         stop) take_lock; cmd_stop ;;

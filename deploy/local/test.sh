@@ -9,20 +9,10 @@ cd "${ROOT}"
 source deploy/local/env.sh
 BIN="${ROOT}/.venv/bin"
 
-started=()
-cleanup() {
-  for svc in "${started[@]}"; do
-    "deploy/local/${svc}.sh" stop || true
-  done
-}
-trap cleanup EXIT
-
-for svc in kafka redis; do
-  if ! "deploy/local/${svc}.sh" status >/dev/null 2>&1; then
-    "deploy/local/${svc}.sh" start
-    started+=("${svc}")
-  fi
-done
+COMPONENT="$(basename "$0" .sh)"
+# shellcheck source=deploy/local/common.sh
+source deploy/local/common.sh
+start_missing_services
 
 echo "== lint (ruff)"
 "${BIN}/ruff" check .

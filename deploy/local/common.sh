@@ -1,0 +1,50 @@
+# shellcheck shell=bash
+# Shared by the local service scripts (sourced, not run): the state root, logging, timing,
+# port checks, and starting Kafka and Redis for a command that needs them.
+# The sourcing script sets COMPONENT (the prefix of its log lines) first.
+
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(cd "${SCRIPT_DIR}/../.." && pwd)"
+
+STATE_ROOT="${WARDEN_STATE_DIR:-${REPO_ROOT}/.state}"
+# Made absolute: the paths end up in generated config and in a daemon that may resolve them
+# against a different working directory than the caller's.
+mkdir -p "${STATE_ROOT}"
+STATE_ROOT="$(cd "${STATE_ROOT}" && pwd)"
+
+log() { printf '%s: %s\n' "${COMPONENT}" "$*"; }
+die() { printf '%s: error: %s\n' "${COMPONENT}" "$*" >&2; exit 1; }
+
+# Seconds since the epoch with microseconds; bash 5 provides it without forking `date`.
+now() { printf '%s' "${EPOCHREALTIME}"; }
+
+elapsed_since() {
+    awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'
+}
+
+validate_port() {
+    local name="$1" value="$2"
+    if [[ ! "${value}" =~ ^[1-9][0-9]{0,4}$ ]] || (( value > 65535 )); then
+        die "${name}=${value} is not a valid TCP port"
+    fi
+}
+
+# Starts Kafka and Redis where they are not running, and stops (on exit) only what it started,
+# so a developer's long-running broker survives `make test`.
+LOCAL_SERVICES_STARTED=()
+stop_started_services() {
+    local svc
+    for svc in "${LOCAL_SERVICES_STARTED[@]}"; do
+        "${SCRIPT_DIR}/${svc}.sh" stop || true
+    done
+}
+start_missing_services() {
+    trap stop_started_services EXIT
+    local svc
+    for svc in kafka redis; do
+        if ! "${SCRIPT_DIR}/${svc}.sh" status >/dev/null 2>&1; then
+            "${SCRIPT_DIR}/${svc}.sh" start
+            LOCAL_SERVICES_STARTED+=("${svc}")
+        fi
+    done
+}
