@@ -8,6 +8,7 @@ from uuid import UUID, uuid5
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from schemas.events.v1 import Evidence, NeedKind, NeedLevel, OpsNeed
 from services.analyzer.conditions import ConditionState, held_for
 
 Side = Literal["high", "low"]
@@ -71,6 +72,28 @@ def advance(
     if not state.raised and held_for(state, at) >= hold_s:
         return state.model_copy(update={"raised": True}), True
     return state, False
+
+
+def episode_need(
+    namespace: UUID, *, cluster: str, pool: str, target: str, kind: NeedKind, level: NeedLevel,
+    state: ConditionState, now: datetime, source: str, evidence: list[Evidence],
+    dry_run: bool, cause: UUID | None = None,
+) -> OpsNeed:
+    """The need an episode raises, identified by the episode (same episode, same event id)."""
+    return OpsNeed(
+        event_id=episode_id(namespace, cluster, pool, target, kind, state.since),
+        source=source,
+        occurred_at=now,
+        cluster_id=cluster,
+        subject=target,
+        correlation_id=str(cause) if cause is not None else None,
+        kind=kind,
+        level=level,
+        pool=pool,
+        target=target,
+        evidence=evidence,
+        dry_run=dry_run,
+    )
 
 
 def episode_id(

@@ -8,14 +8,14 @@ from uuid import NAMESPACE_URL, uuid5
 
 from pydantic import Field, model_validator
 
-from schemas.events.v1 import Evidence, OpsNeed
+from schemas.events.v1 import Evidence
 from services.analyzer.conditions import ConditionState, Evaluation
 from services.analyzer.needs.hysteresis import (
     BandArgs,
     advance,
     band_detail,
     band_side,
-    episode_id,
+    episode_need,
     held_detail,
 )
 from services.analyzer.observation import NodeObservation
@@ -63,18 +63,10 @@ def evaluate(
     if state is None or side is None or not raise_now:
         return Evaluation(state, [])
     pool_value = obs.pool_effective_utilization_pct or 0.0
-    need = OpsNeed(
-        event_id=episode_id(_IDS, obs.cluster_id, obs.pool, obs.node_id, "load_balance",
-                            state.since),
-        source=source,
-        occurred_at=now,
-        cluster_id=obs.cluster_id,
-        subject=obs.node_id,
-        correlation_id=str(obs.source_event_id),
-        kind="load_balance",
-        level=LEVEL,
-        pool=obs.pool,
-        target=obs.node_id,
+    need = episode_need(
+        _IDS, cluster=obs.cluster_id, pool=obs.pool, target=obs.node_id, kind="load_balance",
+        level=LEVEL, state=state, now=now, source=source, dry_run=dry_run,
+        cause=obs.source_event_id,
         evidence=[
             Evidence(
                 metric="node_gpu_utilization_pct", value=value,
@@ -90,6 +82,5 @@ def evaluate(
                 detail=f"pool {obs.pool} inside its range: balancing, not scaling"[:256],
             ),
         ],
-        dry_run=dry_run,
     )
     return Evaluation(state, [need])

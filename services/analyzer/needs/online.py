@@ -8,10 +8,10 @@ from uuid import NAMESPACE_URL, uuid5
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.events.v1 import Evidence, OpsNeed
+from schemas.events.v1 import Evidence
 from services.analyzer.conditions import ConditionState, Evaluation
 from services.analyzer.faults import FaultArgs, classify
-from services.analyzer.needs.hysteresis import advance, episode_id, held_detail
+from services.analyzer.needs.hysteresis import advance, episode_need, held_detail
 from services.analyzer.observation import NodeObservation
 
 NAME: Final = "online"
@@ -53,17 +53,10 @@ def evaluate(
         return Evaluation(state, [])
     held = held_detail(state, obs.observed_at, args.hold_s)
     recorded = f"; {verdict.detail}" if verdict.detail else ""
-    need = OpsNeed(
-        event_id=episode_id(_IDS, obs.cluster_id, obs.pool, obs.node_id, "online", state.since),
-        source=source,
-        occurred_at=now,
-        cluster_id=obs.cluster_id,
-        subject=obs.node_id,
-        correlation_id=str(obs.source_event_id),
-        kind="online",
-        level=LEVEL,
-        pool=obs.pool,
-        target=obs.node_id,
+    need = episode_need(
+        _IDS, cluster=obs.cluster_id, pool=obs.pool, target=obs.node_id, kind="online",
+        level=LEVEL, state=state, now=now, source=source, dry_run=dry_run,
+        cause=obs.source_event_id,
         evidence=[
             Evidence(
                 metric="node_fault_count", value=0.0, range_low=0.0, range_high=0.0,
@@ -71,6 +64,5 @@ def evaluate(
                 detail=f"offline and fault-free: {held}{recorded}"[:256],
             )
         ],
-        dry_run=dry_run,
     )
     return Evaluation(state, [need])

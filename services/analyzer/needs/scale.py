@@ -8,7 +8,7 @@ from types import MappingProxyType
 from typing import Final
 from uuid import NAMESPACE_URL, uuid5
 
-from schemas.events.v1 import Evidence, NeedKind, OpsNeed
+from schemas.events.v1 import Evidence, NeedKind
 from services.analyzer.conditions import ConditionState, Evaluation
 from services.analyzer.needs.hysteresis import (
     BandArgs,
@@ -16,7 +16,7 @@ from services.analyzer.needs.hysteresis import (
     advance,
     band_detail,
     band_side,
-    episode_id,
+    episode_need,
     held_detail,
 )
 from services.analyzer.observation import PoolObservation
@@ -65,16 +65,9 @@ def evaluate(
     detail = (f"{band_detail(side, value, args)}; {obs.gpu_utilization_pct:.1f}% gpu + "
               f"{obs.demand_pct:.1f}% demand, {obs.nodes_up} nodes up; "
               f"{held_detail(state, obs.observed_at, args.hold_s)}")
-    need = OpsNeed(
-        event_id=episode_id(_IDS, obs.cluster_id, obs.pool, obs.pool, kind, state.since),
-        source=source,
-        occurred_at=now,
-        cluster_id=obs.cluster_id,
-        subject=obs.pool,
-        kind=kind,
-        level=LEVEL,
-        pool=obs.pool,
-        target=obs.pool,
+    need = episode_need(
+        _IDS, cluster=obs.cluster_id, pool=obs.pool, target=obs.pool, kind=kind, level=LEVEL,
+        state=state, now=now, source=source, dry_run=dry_run,
         evidence=[
             Evidence(
                 metric="pool_effective_utilization_pct", value=value,
@@ -82,6 +75,5 @@ def evaluate(
                 observed_at=obs.observed_at, detail=detail[:256],
             )
         ],
-        dry_run=dry_run,
     )
     return Evaluation(state, [need])
