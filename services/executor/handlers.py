@@ -145,7 +145,9 @@ class Executor:
         if not await self.journal.finish(str(task.task_id), state, reason):
             return
         await release_locks(self.redis, self.keys, str(task.task_id), task.mutex_keys)
-        await self.emit(task, state, "running", reason=reason)
+        # The need kind rides along so the scheduler's breaker can count the outcome.
+        await self.emit(task, state, "running", reason=reason,
+                        outputs={"need_kind": task.need_kind})
         log.info("task %s %s: %s", task.task_id, state, reason)
 
     async def emit(self, task: OpsTask, state: TaskState, previous: TaskState, *,

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from faststream import FastStream
 
-from schemas.events.v1 import OpsTask
+from schemas.events.v1 import OpsTask, TaskEvent
 from schemas.topics import Topic, topic_name
+from services.scheduler.breaker_store import BreakerStore
 from services.scheduler.handlers import Scheduler
 from services.scheduler.queue import TaskQueue
 from services.scheduler.settings import SchedulerSettings
@@ -26,13 +27,19 @@ def create_app(settings: SchedulerSettings | None = None) -> FastStream:
     telemetry = setup_telemetry("scheduler")
     broker, _ = make_broker(settings, "scheduler", telemetry)
     redis = connect_redis(settings.redis_url)
-    scheduler = Scheduler(settings, TaskQueue(redis, Keys(settings.namespace)),
-                          EventBus(broker, settings.namespace))
+    keys = Keys(settings.namespace)
+    scheduler = Scheduler(settings, TaskQueue(redis, keys), EventBus(broker, settings.namespace),
+                          BreakerStore(redis, keys, settings.breaker_config))
     broker.subscriber(
         topic_name(Topic.OPS_TASKS, settings.namespace),
         decoder=strict_decoder(OpsTask, settings.max_message_bytes),
         **consumer_options(group_name(settings, "scheduler")),
     )(scheduler.on_task)
+    broker.subscriber(
+        topic_name(Topic.OPS_TASK_EVENTS, settings.namespace),
+        decoder=strict_decoder(TaskEvent, settings.max_message_bytes),
+        **consumer_options(group_name(settings, "scheduler-outcomes")),
+    )(scheduler.on_task_event)
     return build_app(
         broker, settings,
         loops=[("dispatcher", settings.dispatch_interval_s, scheduler.dispatch)],

@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 from uuid import NAMESPACE_URL, uuid5
 
-from schemas.events.v1 import OpsTask, TaskEvent, TaskScheduled, TaskState, now_utc
+from schemas.events.v1 import Alert, OpsTask, TaskEvent, TaskScheduled, TaskState, now_utc
 from schemas.topics import Topic
 from services.scheduler import policy
+from services.scheduler.breaker import BreakerState, Outcome
+from services.scheduler.breaker_store import BreakerStore
 from services.scheduler.queue import TaskQueue
 from services.scheduler.settings import SchedulerSettings
 from services.shared.messaging import EventBus
@@ -15,6 +17,8 @@ from services.shared.messaging import EventBus
 log = logging.getLogger("clusterwarden.scheduler")
 SOURCE = "scheduler"
 _IDS = uuid5(NAMESPACE_URL, "clusterwarden/task-events")
+_ALERT_IDS = uuid5(NAMESPACE_URL, "clusterwarden/breaker-alerts")
+FINAL_OUTCOMES: frozenset[TaskState] = frozenset({"succeeded", "failed"})
 
 
 def task_event(task: OpsTask, state: TaskState, previous: TaskState | None, reason: str,
@@ -32,12 +36,16 @@ def task_event(task: OpsTask, state: TaskState, previous: TaskState | None, reas
 class Scheduler:
     """Queues every task once and dispatches the most urgent task whose targets are free."""
 
-    def __init__(self, settings: SchedulerSettings, queue: TaskQueue, bus: EventBus) -> None:
+    def __init__(self, settings: SchedulerSettings, queue: TaskQueue, bus: EventBus,
+                 breakers: BreakerStore) -> None:
         self.settings = settings
         self.queue = queue
         self.bus = bus
+        self.breakers = breakers
 
     async def on_task(self, task: OpsTask) -> None:
+        # Indexed before queueing, so the task's outcome can always be tied to its breaker.
+        await self.breakers.remember_task(task)
         new = await self.queue.enqueue(
             task, policy.queue_score(task), policy.lock_ttl_s(task, self.settings.lock_margin_s)
         )
@@ -55,11 +63,27 @@ class Scheduler:
         if reaped := await self.queue.reap(now_ms):
             log.warning("requeued %d task(s) whose dispatcher did not finish", reaped)
         lease_ms = int(self.settings.lease_s * 1000)
+        held: list[str] = []
+        try:
+            await self._dispatch_claimed(now_ms, lease_ms, held)
+        finally:
+            # Held out of the ready queue until now, so one blocked task cannot be claimed
+            # over and over in a tick; if this fails, the lease ends and the reaper requeues.
+            for task_id in held:
+                await self.breakers.requeue(task_id)
+
+    async def _dispatch_claimed(self, now_ms: int, lease_ms: int, held: list[str]) -> None:
+        """Claim and dispatch until nothing is free; tasks a breaker refuses go to `held`."""
+        blocked: set[tuple[str, str]] = set()
         for _ in range(100):
             claimed = await self.queue.claim(now_ms, lease_ms, self.settings.scan_limit)
             if claimed is None:
                 return
             task = claimed.task
+            if not await self._breaker_admits(task, blocked):
+                await self.breakers.release_claim(task)
+                held.append(str(task.task_id))
+                continue
             epoch = await self.queue.next_epoch()
             # The transition first: once the executor has the task it publishes `running`,
             # and the task's events must arrive in the order they happened.
@@ -79,3 +103,62 @@ class Scheduler:
             )
             await self.queue.ack(str(task.task_id))
             log.info("dispatched task %s with epoch %d", task.task_id, epoch)
+
+    async def _breaker_admits(self, task: OpsTask, blocked: set[tuple[str, str]]) -> bool:
+        """Ask the task's breaker (once per tick for a breaker that said no)."""
+        key = (task.cluster_id, task.need_kind)
+        if key in blocked:
+            return False
+        decision, state = await self.breakers.admit(*key, str(task.task_id))
+        if decision.allowed:
+            return True
+        blocked.add(key)
+        log.warning("task %s held back by breaker %s/%s: %s", task.task_id, *key,
+                    decision.reason)
+        if state is not None and state.status != "CLOSED":
+            # Also here, not only where the breaker opened: an alert lost to a crash there is
+            # raised by the next task the breaker holds back.
+            await self.alert_open(*key, state)
+        return False
+
+    async def on_task_event(self, event: TaskEvent) -> None:
+        """Feed a task's final outcome to the breaker of its cluster and need kind."""
+        if event.state not in FINAL_OUTCOMES:
+            return
+        task_id = str(event.task_id)
+        kind = event.outputs.get("need_kind")
+        cluster = event.cluster_id
+        if not isinstance(kind, str):
+            indexed = await self.breakers.task_kind(task_id)
+            if indexed is None:
+                log.warning("outcome of task %s not counted: its need kind is unknown", task_id)
+                return
+            cluster, kind = indexed
+        recorded = await self.breakers.record(
+            cluster, kind, Outcome(task_id=task_id, failed=event.state == "failed"))
+        if recorded is None:
+            return  # a redelivered event, already counted
+        before, after = recorded
+        if after.status != before.status:
+            log.warning("breaker %s/%s %s -> %s after task %s %s", cluster, kind,
+                        before.status, after.status, task_id, event.state)
+        if after.status == "OPEN":
+            await self.alert_open(cluster, kind, after)
+
+    async def alert_open(self, cluster: str, kind: str, state: BreakerState) -> None:
+        """Raise the breaker-open alert once per opening (publish, then remember)."""
+        if await self.breakers.alerted(cluster, kind, state.openings):
+            return
+        dedup_key = f"breaker.{cluster}.{kind}"
+        # The event id is fixed per opening, so two schedulers racing here publish one alert
+        # as far as any deduplicating consumer is concerned.
+        await self.bus.publish(Topic.OPS_ALERTS, Alert(
+            event_id=uuid5(_ALERT_IDS, f"{dedup_key}:{state.openings}"),
+            source=SOURCE, occurred_at=now_utc(), cluster_id=cluster, subject=dedup_key,
+            severity="critical", kind="breaker_open", dedup_key=dedup_key,
+            message=(f"circuit breaker for {kind} on {cluster} is open after "
+                     f"{sum(state.window)} failure(s) in the last {len(state.window)}; "
+                     f"automation of {kind} is stopped"),
+        ))
+        await self.breakers.mark_alerted(cluster, kind, state.openings)
+        log.warning("alert: breaker %s/%s open (opening %d)", cluster, kind, state.openings)

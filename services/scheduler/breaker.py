@@ -1,0 +1,132 @@
+"""The circuit breaker per (cluster, action type): pure decisions, time passed in.
+
+A COUNT_BASED window of the last outcomes trips the breaker on a failure rate or on a run of
+consecutive failures (RELIABILITY.md §3.6). Disruptive action types stay OPEN until an
+audited admin reset; the others get one half-open trial after a wait.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Status = Literal["CLOSED", "OPEN", "HALF_OPEN"]
+
+# What a task's need kind does to a cluster: anything that drains, migrates or removes a node
+# is disruptive, so a breaker of that kind is never closed by a trial run.
+DEFAULT_DISRUPTIVE_KINDS: tuple[str, ...] = ("offline", "scale_in", "load_balance")
+
+_FROZEN = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+class BreakerConfig(BaseModel):
+    """The limits of one breaker."""
+
+    model_config = _FROZEN
+
+    window: Annotated[int, Field(ge=1, le=1_000)] = 10
+    min_calls: Annotated[int, Field(ge=1, le=1_000)] = 3
+    failure_rate_pct: Annotated[float, Field(gt=0.0, le=100.0)] = 50.0
+    consecutive_failures: Annotated[int, Field(ge=1, le=1_000)] = 3
+    wait_s: Annotated[float, Field(ge=0.0, le=86_400.0)] = 60.0
+    max_half_open_s: Annotated[float, Field(gt=0.0, le=86_400.0)] = 1_800.0
+    disruptive: bool = False
+
+
+class Outcome(BaseModel):
+    """How one task of the breaker's kind ended."""
+
+    model_config = _FROZEN
+
+    task_id: str
+    failed: bool
+
+
+class BreakerState(BaseModel):
+    """Everything a breaker remembers; persisted field by field."""
+
+    model_config = _FROZEN
+
+    status: Status = "CLOSED"
+    window: tuple[bool, ...] = Field(default=(), description="True = failure, oldest first.")
+    consecutive_failures: Annotated[int, Field(ge=0)] = 0
+    opened_at: float | None = None
+    openings: Annotated[int, Field(ge=0)] = Field(
+        default=0, description="How often it opened: one alert per opening."
+    )
+    trial_task: str = ""
+    trial_at: float | None = None
+
+
+class Decision(BaseModel):
+    """Whether a task of the breaker's kind may be dispatched now."""
+
+    model_config = _FROZEN
+
+    allowed: bool
+    reason: str
+    half_open_trial: bool = False
+
+
+def _opened(state: BreakerState, now: float) -> BreakerState:
+    return BreakerState(status="OPEN", window=state.window,
+                        consecutive_failures=state.consecutive_failures, opened_at=now,
+                        openings=state.openings + 1)
+
+
+def trips(window: tuple[bool, ...], consecutive: int, config: BreakerConfig) -> bool:
+    """True if the window's failure rate or the run of consecutive failures is at a limit."""
+    if consecutive >= config.consecutive_failures:
+        return True
+    if len(window) < config.min_calls:
+        return False
+    return 100.0 * sum(window) / len(window) >= config.failure_rate_pct
+
+
+def record(state: BreakerState, outcome: Outcome, now: float,
+           config: BreakerConfig) -> BreakerState:
+    """The state after a task of this breaker's kind ended."""
+    if state.status == "OPEN":
+        # Tasks dispatched before the breaker opened may still finish; they cannot close it.
+        return state
+    if state.status == "HALF_OPEN":
+        if outcome.task_id != state.trial_task:
+            return state  # a late result from before the breaker opened, not the trial
+        if outcome.failed:
+            return _opened(state, now)
+        return BreakerState(openings=state.openings)
+    window = (*state.window, outcome.failed)[-config.window:]
+    consecutive = state.consecutive_failures + 1 if outcome.failed else 0
+    closed = BreakerState(window=window, consecutive_failures=consecutive,
+                          openings=state.openings)
+    return _opened(closed, now) if trips(window, consecutive, config) else closed
+
+
+def admits(state: BreakerState, now: float, config: BreakerConfig) -> Decision:
+    """Whether a task may run; `half_open_trial` means it is the one trial (see `begin_trial`)."""
+    if state.status == "CLOSED":
+        return Decision(allowed=True, reason="closed")
+    if config.disruptive:
+        return Decision(allowed=False, reason="open until an admin reset (disruptive)")
+    if state.status == "HALF_OPEN":
+        if state.trial_at is not None and now - state.trial_at >= config.max_half_open_s:
+            # The trial never reported back; another one is the only way out of half-open.
+            return Decision(allowed=True, reason="half-open trial (previous one lost)",
+                            half_open_trial=True)
+        return Decision(allowed=False, reason="half-open trial in flight")
+    waited = now - (state.opened_at if state.opened_at is not None else now)
+    if waited >= config.wait_s:
+        return Decision(allowed=True, reason="half-open trial", half_open_trial=True)
+    return Decision(allowed=False, reason=f"open; half-open in {config.wait_s - waited:.0f} s")
+
+
+def begin_trial(state: BreakerState, task_id: str, now: float) -> BreakerState:
+    """The state once `task_id` was admitted as the half-open trial."""
+    return state.model_copy(update={"status": "HALF_OPEN", "trial_task": task_id,
+                                    "trial_at": now})
+
+
+def reset(state: BreakerState) -> BreakerState:
+    """An admin's reset: closed with an empty window (the caller audits who and why)."""
+    return BreakerState(openings=state.openings)

@@ -1,0 +1,218 @@
+"""Breakers in Redis: one hash per (cluster, action type), changed only by compare-and-set.
+
+The policy stays in `breaker`; a change is read, computed there, and written by a Lua script
+only if the hash's version is still the one read. Two schedulers racing for the single
+half-open trial therefore cannot both win: the loser sees a new version and reads again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+
+from redis.asyncio import Redis
+
+from schemas.events.v1 import OpsTask
+from services.scheduler import breaker
+from services.scheduler.breaker import BreakerConfig, BreakerState, Decision, Outcome
+from services.shared.redis_client import Keys, text
+
+log = logging.getLogger("clusterwarden.scheduler.breaker")
+
+UNREADABLE = "breaker state unreadable"
+# A redelivered TaskEvent arrives within hours, not weeks; a week bounds the dedupe keys.
+DEDUPE_TTL_MS = 7 * 24 * 3_600_000
+TASK_INDEX_TTL_S = 7 * 24 * 3_600
+CAS_ATTEMPTS = 20
+
+# KEYS[1] breaker hash, KEYS[2] dedupe key; ARGV[1] version read, ARGV[2] '1' to dedupe,
+# ARGV[3] dedupe TTL (ms), ARGV[4..] field/value pairs. Returns 1 written, 0 version moved on,
+# -1 already recorded.
+CAS = """
+local dedupe = ARGV[2] == '1'
+if dedupe and redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
+local current = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
+if current ~= tonumber(ARGV[1]) then return 0 end
+if dedupe then redis.call('SET', KEYS[2], '1', 'PX', ARGV[3]) end
+redis.call('HSET', KEYS[1], 'version', current + 1, unpack(ARGV, 4))
+return 1
+"""
+
+# Puts a claimed task back: its locks go at once (other tasks may need them this tick), its
+# place in the ready queue comes back later (see `requeue`).
+RELEASE = """
+for i = 1, #KEYS do
+  if redis.call('GET', KEYS[i]) == ARGV[1] then redis.call('DEL', KEYS[i]) end
+end
+return 1
+"""
+
+REQUEUE = """
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('ZADD', KEYS[2], redis.call('HGET', KEYS[3], ARGV[1]) or 0, ARGV[1])
+return 1
+"""
+
+
+class BreakerUnreadable(Exception):
+    """The breaker's hash could not be read or parsed."""
+
+
+def encode(state: BreakerState) -> list[str]:
+    """The state as hash field/value pairs (readable with HGETALL)."""
+    fields = {
+        "status": state.status,
+        "window": "".join("F" if failed else "S" for failed in state.window),
+        "consecutive_failures": str(state.consecutive_failures),
+        "opened_at": "" if state.opened_at is None else repr(state.opened_at),
+        "openings": str(state.openings),
+        "trial_task": state.trial_task,
+        "trial_at": "" if state.trial_at is None else repr(state.trial_at),
+    }
+    return [item for pair in fields.items() for item in pair]
+
+
+def decode(raw: dict[str, str]) -> tuple[BreakerState, int]:
+    """A hash as read back: the state and its version (an empty hash is a new breaker)."""
+    if not raw:
+        return BreakerState(), 0
+    try:
+        state = BreakerState.model_validate_json(json.dumps({
+            "status": raw["status"],
+            "window": [c == "F" for c in raw.get("window", "")],
+            "consecutive_failures": int(raw.get("consecutive_failures", "0")),
+            "opened_at": float(raw["opened_at"]) if raw.get("opened_at") else None,
+            "openings": int(raw.get("openings", "0")),
+            "trial_task": raw.get("trial_task", ""),
+            "trial_at": float(raw["trial_at"]) if raw.get("trial_at") else None,
+        }))
+        return state, int(raw.get("version", "0"))
+    except (KeyError, ValueError) as err:
+        raise BreakerUnreadable(f"corrupt breaker hash: {err}") from err
+
+
+class BreakerStore:
+    """Reads and changes breakers atomically; unreadable means closed to automation."""
+
+    def __init__(self, redis: Redis, keys: Keys, config_for: Callable[[str], BreakerConfig],
+                 clock: Callable[[], float] = time.time) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.config_for = config_for
+        self.clock = clock
+        self._cas = redis.register_script(CAS)
+        self._release = redis.register_script(RELEASE)
+        self._requeue = redis.register_script(REQUEUE)
+
+    def key(self, cluster: str, kind: str) -> str:
+        return f"{self.keys.prefix}breaker:{cluster}:{kind}"
+
+    def _dedupe_key(self, task_id: str) -> str:
+        return f"{self.keys.prefix}breaker-recorded:{task_id}"
+
+    def _task_key(self, task_id: str) -> str:
+        return f"{self.keys.prefix}breaker-task:{task_id}"
+
+    def alert_key(self, cluster: str, kind: str, openings: int) -> str:
+        return f"{self.keys.prefix}breaker-alerted:{cluster}:{kind}:{openings}"
+
+    async def load(self, cluster: str, kind: str) -> tuple[BreakerState, int]:
+        """The breaker's state and version; raises BreakerUnreadable."""
+        try:
+            raw = await self.redis.hgetall(self.key(cluster, kind))
+        except Exception as err:
+            raise BreakerUnreadable(repr(err)) from err
+        return decode({text(k): text(v) for k, v in raw.items()})
+
+    async def _write(self, cluster: str, kind: str, version: int, state: BreakerState,
+                     dedupe_task: str = "") -> int:
+        return int(await self._cas(
+            keys=[self.key(cluster, kind), self._dedupe_key(dedupe_task or "-")],
+            args=[version, "1" if dedupe_task else "0", DEDUPE_TTL_MS, *encode(state)],
+        ))
+
+    async def admit(self, cluster: str, kind: str,
+                    task_id: str) -> tuple[Decision, BreakerState | None]:
+        """Whether the task may be dispatched (and the state seen, if it could be read).
+
+        A half-open trial is taken atomically: only one caller's write succeeds.
+        """
+        config = self.config_for(kind)
+        for _ in range(CAS_ATTEMPTS):
+            try:
+                state, version = await self.load(cluster, kind)
+                now = self.clock()
+                decision = breaker.admits(state, now, config)
+                if not decision.half_open_trial:
+                    return decision, state
+                trial = breaker.begin_trial(state, task_id, now)
+                if await self._write(cluster, kind, version, trial) == 1:
+                    log.warning("breaker %s/%s half-open: task %s is the trial",
+                                cluster, kind, task_id)
+                    return decision, trial
+            except Exception as err:
+                # Fail closed: without the breaker's state nothing of its kind runs.
+                log.warning("breaker %s/%s unreadable: %r", cluster, kind, err)
+                return Decision(allowed=False, reason=UNREADABLE), None
+        return Decision(allowed=False, reason="breaker busy; retried next tick"), None
+
+    async def record(self, cluster: str, kind: str,
+                     outcome: Outcome) -> tuple[BreakerState, BreakerState] | None:
+        """Record a task's outcome once: (before, after), or None if already recorded."""
+        config = self.config_for(kind)
+        for _ in range(CAS_ATTEMPTS):
+            state, version = await self.load(cluster, kind)
+            after = breaker.record(state, outcome, self.clock(), config)
+            written = await self._write(cluster, kind, version, after, outcome.task_id)
+            if written == -1:
+                return None
+            if written == 1:
+                return state, after
+        raise BreakerUnreadable(f"breaker {cluster}/{kind} kept changing; retry later")
+
+    async def reset(self, cluster: str, kind: str, actor: str, reason: str) -> BreakerState:
+        """An admin's reset, appended to the audit list with who, when and why."""
+        for _ in range(CAS_ATTEMPTS):
+            state, version = await self.load(cluster, kind)
+            after = breaker.reset(state)
+            if await self._write(cluster, kind, version, after) == 1:
+                entry = {"at": self.clock(), "actor": actor, "reason": reason,
+                         "breaker": f"{cluster}/{kind}", "from": state.status}
+                await self.redis.rpush(
+                    f"{self.keys.prefix}breaker-audit", json.dumps(entry))
+                log.warning("breaker %s/%s reset by %s: %s", cluster, kind, actor, reason)
+                return after
+        raise BreakerUnreadable(f"breaker {cluster}/{kind} kept changing; retry later")
+
+    async def remember_task(self, task: OpsTask) -> None:
+        """Index task id -> (cluster, kind), for outcome events that do not carry the kind."""
+        await self.redis.set(self._task_key(str(task.task_id)),
+                             f"{task.cluster_id} {task.need_kind}", ex=TASK_INDEX_TTL_S)
+
+    async def task_kind(self, task_id: str) -> tuple[str, str] | None:
+        raw = await self.redis.get(self._task_key(task_id))
+        if raw is None:
+            return None
+        cluster, _, kind = text(raw).partition(" ")
+        return cluster, kind
+
+    async def alerted(self, cluster: str, kind: str, openings: int) -> bool:
+        return bool(await self.redis.exists(self.alert_key(cluster, kind, openings)))
+
+    async def mark_alerted(self, cluster: str, kind: str, openings: int) -> None:
+        await self.redis.set(self.alert_key(cluster, kind, openings), "1",
+                             ex=TASK_INDEX_TTL_S)
+
+    async def release_claim(self, task: OpsTask) -> None:
+        """Free the locks a claimed task took, keeping it leased (out of the ready queue)."""
+        await self._release(keys=[self.keys.lock(k) for k in task.mutex_keys],
+                            args=[str(task.task_id)])
+
+    async def requeue(self, task_id: str) -> bool:
+        """Return a leased task to the ready queue with its score."""
+        return bool(await self._requeue(
+            keys=[self.keys.queue_inflight(), self.keys.queue_ready(), self.keys.queue_scores()],
+            args=[task_id],
+        ))
