@@ -272,4 +272,5 @@ class Prober:
 
     async def on_result(self, result: CommandResult) -> None:
         """Any answer to a pending probe (even a rejection) proves the command path works."""
-        await self.probes.end(str(result.command_id), answered=True, now=now_utc())
+        await self.probes.end(str(result.command_id), answered=True, now=now_utc(),
+                              sent_at=result.occurred_at)

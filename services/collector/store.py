@@ -245,19 +245,43 @@ end
 return ids
 """
 
-# Ends a pending probe: answered (ARGV[1] == 'ok') resets the node's failed-probe count;
-# expired adds one. Only the first ending counts (an answer after the deadline is late).
+# Ends a probe. An answer (ARGV[1] == 'ok') resets the node's failed-probe count; expiry adds
+# one and keeps the probe among the "late" ones for ten minutes. An answer is judged by when
+# the node sent it (ARGV[5]), not by when the centre read it: one sent before the deadline
+# but read after it (the centre was behind) still resets the count, so a slow centre does
+# not make healthy nodes look dead. KEYS: pending (id -> deadline), targets (id -> node),
+# late (id -> "node|deadline"), late index (id -> expiry time).
 END_PROBE = """
 local target = redis.call('HGET', KEYS[2], ARGV[2])
-if not target then return false end
-redis.call('HDEL', KEYS[2], ARGV[2])
-redis.call('ZREM', KEYS[1], ARGV[2])
-local node = ARGV[3] .. target
-if ARGV[1] == 'ok' then
-  redis.call('HSET', node, 'probe_failures', 0, 'probe_ok_at', ARGV[4])
-  return {target, 0}
+if target then
+  local deadline = redis.call('ZSCORE', KEYS[1], ARGV[2])
+  redis.call('HDEL', KEYS[2], ARGV[2])
+  redis.call('ZREM', KEYS[1], ARGV[2])
+  local node = ARGV[3] .. target
+  if ARGV[1] == 'ok' then
+    redis.call('HSET', node, 'probe_failures', 0, 'probe_ok_at', ARGV[4])
+    return {target, 0}
+  end
+  redis.call('HSET', KEYS[3], ARGV[2], target .. '|' .. (deadline or ARGV[4]))
+  redis.call('ZADD', KEYS[4], ARGV[4], ARGV[2])
+  local old = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', tonumber(ARGV[4]) - 600,
+    'LIMIT', 0, 100)
+  for _, id in ipairs(old) do
+    redis.call('HDEL', KEYS[3], id)
+    redis.call('ZREM', KEYS[4], id)
+  end
+  return {target, redis.call('HINCRBY', node, 'probe_failures', 1)}
 end
-return {target, redis.call('HINCRBY', node, 'probe_failures', 1)}
+if ARGV[1] ~= 'ok' then return false end
+local late = redis.call('HGET', KEYS[3], ARGV[2])
+if not late then return false end
+redis.call('HDEL', KEYS[3], ARGV[2])
+redis.call('ZREM', KEYS[4], ARGV[2])
+local sep = string.find(late, '|', 1, true)
+local late_target, deadline = string.sub(late, 1, sep - 1), tonumber(string.sub(late, sep + 1))
+if tonumber(ARGV[5]) > deadline then return false end
+redis.call('HSET', ARGV[3] .. late_target, 'probe_failures', 0, 'probe_ok_at', ARGV[4])
+return {late_target, 0}
 """
 
 
@@ -294,12 +318,15 @@ class ProbeStore:
             pipe.zadd(self.keys.probes_pending(), {command_id: deadline})
             await pipe.execute()
 
-    async def end(self, command_id: str, answered: bool, now: datetime) -> tuple[str, int] | None:
-        """(cluster:node, failed probes in a row) if this ended a pending probe."""
+    async def end(self, command_id: str, answered: bool, now: datetime,
+                  sent_at: datetime | None = None) -> tuple[str, int] | None:
+        """(cluster:node, failed probes in a row) if this ended a probe (or cleared a failure
+        that a late-read answer, sent in time, shows was the centre's own lag)."""
+        late = self.keys.probes_pending() + ":late"
         result = await self._end(
-            keys=[self.keys.probes_pending(), self._targets()],
+            keys=[self.keys.probes_pending(), self._targets(), late, late + ":index"],
             args=["ok" if answered else "expired", command_id, self.keys.node_prefix(),
-                  now.timestamp()],
+                  now.timestamp(), (sent_at or now).timestamp()],
         )
         return (text(result[0]), int(result[1])) if result else None
 

@@ -101,3 +101,38 @@ async def test_a_gpu_that_keeps_failing_is_escalated_to_replace(
                 assert "3 fatal faults within" in " ".join(e.detail for e in last.evidence)
         finally:
             fleet.fleet_down(tmp_path)
+
+
+async def test_a_probe_answer_is_judged_by_when_it_was_sent_not_when_it_was_read(
+    redis_url: str, namespace: str
+) -> None:
+    from datetime import timedelta
+
+    from schemas.events.v1 import now_utc
+    from services.collector.store import ProbeStore
+
+    redis = Redis.from_url(redis_url)
+    probes = ProbeStore(redis, Keys(namespace))
+    node_key = Keys(namespace).node("itest", "node-001")
+    try:
+        now = now_utc()
+        deadline = now - timedelta(seconds=1)
+        await probes.pending("p1", "itest", "node-001", deadline.timestamp())
+        await probes.pending("p2", "itest", "node-001", deadline.timestamp())
+        assert sorted(await probes.expired(now)) == ["p1", "p2"]
+        # The centre was behind: both deadlines passed before it read any answer.
+        assert await probes.end("p1", answered=False, now=now) == ("itest:node-001", 1)
+        assert await probes.end("p2", answered=False, now=now) == ("itest:node-001", 2)
+        # p1's answer was sent after its deadline: a real failure, it stays counted.
+        late = deadline + timedelta(seconds=0.5)
+        assert await probes.end("p1", answered=True, now=now, sent_at=late) is None
+        assert int(await redis.hget(node_key, "probe_failures") or 0) == 2
+        # p2's answer was sent in time and only read late: the failures were the centre's.
+        in_time = deadline - timedelta(seconds=0.5)
+        assert await probes.end("p2", answered=True, now=now, sent_at=in_time) == (
+            "itest:node-001", 0)
+        assert int(await redis.hget(node_key, "probe_failures") or 0) == 0
+        # Read twice, counted once.
+        assert await probes.end("p2", answered=True, now=now, sent_at=in_time) is None
+    finally:
+        await redis.aclose()
