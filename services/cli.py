@@ -14,7 +14,7 @@ import typer
 from aiokafka import AIOKafkaConsumer
 
 from schemas.catalog import TOPIC_MODELS
-from schemas.events.v1 import NodeState, OpsNeed, TaskEvent
+from schemas.events.v1 import Alert, NodeState, OpsNeed, TaskEvent
 from schemas.topics import Topic, topic_name
 from services import launcher
 from services.shared.messaging import ensure_topics
@@ -27,7 +27,7 @@ app = typer.Typer(help="ClusterWarden: keeps an ML cluster healthy, balanced and
 fleet_app = typer.Typer(help="A local fleet of agent processes.", no_args_is_help=True)
 app.add_typer(fleet_app, name="fleet")
 
-WATCHED = (Topic.OPS_NODE_STATE, Topic.OPS_NEEDS, Topic.OPS_TASK_EVENTS)
+WATCHED = (Topic.OPS_NODE_STATE, Topic.OPS_NEEDS, Topic.OPS_TASK_EVENTS, Topic.OPS_ALERTS)
 
 
 def _settings() -> ServiceSettings:
@@ -84,6 +84,8 @@ def describe(topic: Topic, body: bytes) -> str:
         if event.step_index is not None:
             step = f" step {event.step_index} {event.step_state}"
         return f"{stamp} task   {str(event.task_id)[:8]}  {event.state}{step}  {event.reason}"
+    if isinstance(event, Alert):
+        return f"{stamp} ALERT  {event.severity:<8} {event.kind}: {event.message}"
     return f"{stamp} {event.event_type}"
 
 
