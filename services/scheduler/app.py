@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from faststream import FastStream
 
-from schemas.events.v1 import OpsTask, TaskEvent
+from schemas.events.v1 import OpsTask, PoolHealth, TaskEvent
 from schemas.topics import Topic, topic_name
 from services.scheduler.breaker_store import BreakerStore
 from services.scheduler.handlers import Scheduler
 from services.scheduler.queue import TaskQueue
+from services.scheduler.safety_store import SafetyStore
 from services.scheduler.settings import SchedulerSettings
 from services.shared.messaging import (
     EventBus,
@@ -29,7 +30,8 @@ def create_app(settings: SchedulerSettings | None = None) -> FastStream:
     redis = connect_redis(settings.redis_url)
     keys = Keys(settings.namespace)
     scheduler = Scheduler(settings, TaskQueue(redis, keys), EventBus(broker, settings.namespace),
-                          BreakerStore(redis, keys, settings.breaker_config))
+                          BreakerStore(redis, keys, settings.breaker_config),
+                          SafetyStore(redis, keys, settings.pool_health_ttl_s))
     broker.subscriber(
         topic_name(Topic.OPS_TASKS, settings.namespace),
         decoder=strict_decoder(OpsTask, settings.max_message_bytes),
@@ -40,6 +42,11 @@ def create_app(settings: SchedulerSettings | None = None) -> FastStream:
         decoder=strict_decoder(TaskEvent, settings.max_message_bytes),
         **consumer_options(group_name(settings, "scheduler-outcomes")),
     )(scheduler.on_task_event)
+    broker.subscriber(
+        topic_name(Topic.OPS_POOL_HEALTH, settings.namespace),
+        decoder=strict_decoder(PoolHealth, settings.max_message_bytes),
+        **consumer_options(group_name(settings, "scheduler-pool-health")),
+    )(scheduler.on_pool_health)
     return build_app(
         broker, settings,
         loops=[("dispatcher", settings.dispatch_interval_s, scheduler.dispatch)],

@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import logging
-from uuid import NAMESPACE_URL, uuid5
+from uuid import NAMESPACE_URL, uuid4, uuid5
 
-from schemas.events.v1 import Alert, OpsTask, TaskEvent, TaskScheduled, TaskState, now_utc
+from schemas.events.v1 import (
+    Alert,
+    OpsTask,
+    PoolHealth,
+    TaskEvent,
+    TaskScheduled,
+    TaskState,
+    now_utc,
+)
 from schemas.topics import Topic
-from services.scheduler import policy
+from services.scheduler import policy, safety
 from services.scheduler.breaker import BreakerState, Outcome
 from services.scheduler.breaker_store import BreakerStore
 from services.scheduler.queue import TaskQueue
+from services.scheduler.safety import Verdict
+from services.scheduler.safety_store import SafetyStore
 from services.scheduler.settings import SchedulerSettings
 from services.shared.messaging import EventBus
 
@@ -19,6 +29,8 @@ SOURCE = "scheduler"
 _IDS = uuid5(NAMESPACE_URL, "clusterwarden/task-events")
 _ALERT_IDS = uuid5(NAMESPACE_URL, "clusterwarden/breaker-alerts")
 FINAL_OUTCOMES: frozenset[TaskState] = frozenset({"succeeded", "failed"})
+# A terminated task fed no outcome to its breaker, but its node is back in the budget.
+FINAL_STATES: frozenset[TaskState] = FINAL_OUTCOMES | {"terminated"}
 
 
 def task_event(task: OpsTask, state: TaskState, previous: TaskState | None, reason: str,
@@ -37,11 +49,12 @@ class Scheduler:
     """Queues every task once and dispatches the most urgent task whose targets are free."""
 
     def __init__(self, settings: SchedulerSettings, queue: TaskQueue, bus: EventBus,
-                 breakers: BreakerStore) -> None:
+                 breakers: BreakerStore, safety_store: SafetyStore) -> None:
         self.settings = settings
         self.queue = queue
         self.bus = bus
         self.breakers = breakers
+        self.safety = safety_store
 
     async def on_task(self, task: OpsTask) -> None:
         # Indexed before queueing, so the task's outcome can always be tied to its breaker.
@@ -80,10 +93,16 @@ class Scheduler:
             if claimed is None:
                 return
             task = claimed.task
-            if not await self._breaker_admits(task, blocked):
+            if not (await self._breaker_admits(task, blocked)
+                    and await self._pool_admits(task)):
                 await self.breakers.release_claim(task)
                 held.append(str(task.task_id))
                 continue
+            if task.need_kind == "offline":
+                # Counted before the dispatch is published: a crash in between over-counts
+                # (safe, the entry lapses) rather than letting the pool lose one node too many.
+                await self.safety.add_in_flight(
+                    task, now_ms / 1000 + policy.lock_ttl_s(task, self.settings.lock_margin_s))
             epoch = await self.queue.next_epoch()
             # The transition first: once the executor has the task it publishes `running`,
             # and the task's events must arrive in the order they happened.
@@ -121,8 +140,59 @@ class Scheduler:
             await self.alert_open(*key, state)
         return False
 
+    async def _pool_admits(self, task: OpsTask) -> bool:
+        """The pool's short-circuit, then (for offline tasks) its offline budget."""
+        now = now_utc()
+        try:
+            health = await self.safety.load_health(task.cluster_id, task.pool)
+            in_flight = (await self.safety.in_flight(task.cluster_id, task.pool, now.timestamp())
+                         if task.need_kind == "offline" else 0)
+            target_state = (await self.safety.node_state(task.cluster_id, task.target)
+                            if task.need_kind == "offline" else None)
+        except Exception as err:
+            # Fail closed: without the pool's health or its in-flight count nothing runs.
+            log.warning("task %s held back: pool safety state unreadable: %r",
+                        task.task_id, err)
+            return False
+        verdict = safety.short_circuit(
+            health, task.need_kind, now, self.settings.pool_health_max_age_s,
+            self.settings.short_circuit_unhealthy_fraction,
+            self.settings.breaker_disruptive_kinds)
+        if verdict.allowed and task.need_kind == "offline":
+            verdict = safety.admits_offline(
+                health, in_flight, self.settings.offline_budget_fraction,
+                target_not_ready=target_state in safety.NOT_READY_STATES)
+        if verdict.allowed:
+            return True
+        log.warning("task %s held back by pool %s/%s: %s", task.task_id, task.cluster_id,
+                    task.pool, verdict.reason)
+        if verdict.alert:
+            await self.alert_short_circuit(task.cluster_id, task.pool, verdict)
+        return False
+
+    async def alert_short_circuit(self, cluster: str, pool: str, verdict: Verdict) -> None:
+        """Raise the short-circuit alert once per episode (publish, then remember)."""
+        ttl_s = self.settings.short_circuit_alert_ttl_s
+        if not await self.safety.start_alert_episode(cluster, pool, ttl_s):
+            return
+        dedup_key = f"short-circuit.{cluster}.{pool}"
+        await self.bus.publish(Topic.OPS_ALERTS, Alert(
+            event_id=uuid4(), source=SOURCE, occurred_at=now_utc(), cluster_id=cluster,
+            subject=dedup_key, severity="critical", kind="short_circuit", dedup_key=dedup_key,
+            message=f"automation held back on pool {pool}: {verdict.reason}"[:256],
+        ))
+        await self.safety.mark_alerted(cluster, pool, ttl_s)
+        log.warning("alert: short-circuit on %s/%s: %s", cluster, pool, verdict.reason)
+
+    async def on_pool_health(self, health: PoolHealth) -> None:
+        """Keep the latest health of each pool, for the short-circuit and the budget."""
+        await self.safety.save_health(health)
+
     async def on_task_event(self, event: TaskEvent) -> None:
         """Feed a task's final outcome to the breaker of its cluster and need kind."""
+        if event.state in FINAL_STATES:
+            # Idempotent: a replayed final event finds the task no longer counted.
+            await self.safety.finish(str(event.task_id), event.occurred_at.timestamp())
         if event.state not in FINAL_OUTCOMES:
             return
         task_id = str(event.task_id)

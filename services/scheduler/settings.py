@@ -3,6 +3,7 @@
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from services.scheduler import safety
 from services.scheduler.breaker import DEFAULT_DISRUPTIVE_KINDS, BreakerConfig
 from services.shared.settings import ServiceSettings
 
@@ -33,6 +34,25 @@ class SchedulerSettings(ServiceSettings):
     breaker_disruptive_kinds: tuple[str, ...] = Field(
         default=DEFAULT_DISRUPTIVE_KINDS,
         description="Need kinds whose breaker only an admin reset closes.",
+    )
+
+    short_circuit_unhealthy_fraction: float = Field(
+        default=safety.DEFAULT_UNHEALTHY_FRACTION, ge=0.0, le=1.0,
+        description="Above this share of a pool unhealthy, no disruptive task is dispatched.",
+    )
+    pool_health_max_age_s: float = Field(
+        default=safety.DEFAULT_MAX_AGE_S, gt=0.0, le=86_400.0,
+        description="Older pool health counts as none: disruptive tasks wait (fail closed).",
+    )
+    pool_health_ttl_s: int = Field(default=600, ge=1, le=86_400,
+                                   description="How long the latest pool health is kept.")
+    offline_budget_fraction: float = Field(
+        default=safety.DEFAULT_BUDGET_FRACTION, gt=0.0, le=1.0,
+        description="Share of a pool automation may take offline at once (rounded up).",
+    )
+    short_circuit_alert_ttl_s: int = Field(
+        default=900, ge=1, le=86_400,
+        description="A short-circuit episode ends after this long without a refusal.",
     )
 
     def breaker_config(self, kind: str) -> BreakerConfig:

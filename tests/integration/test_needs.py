@@ -16,7 +16,16 @@ from schemas.events.v1 import OpsNeed, TaskEvent
 from schemas.topics import Topic
 from services.shared.registry import register
 from services.shared.signing import ensure_keypair
-from tests.integration.harness import Record, Tap, is_up, name, services, stack_env, tap
+from tests.integration.harness import (
+    SMALL_POOL_SAFETY,
+    Record,
+    Tap,
+    is_up,
+    name,
+    services,
+    stack_env,
+    tap,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -105,7 +114,8 @@ async def test_a_killed_agent_is_down_within_the_grace_and_a_repaired_node_comes
     kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path
 ) -> None:
     env = stack_env(kafka_bootstrap, redis_url, namespace, tmp_path, AGENT_JOBS="",
-                    COLLECTOR_DOWN_AFTER_S="4", ANALYZER_ONLINE__HOLD_S="3")
+                    COLLECTOR_DOWN_AFTER_S="4", ANALYZER_ONLINE__HOLD_S="3",
+                    **SMALL_POOL_SAFETY)
     _, public = ensure_keypair(tmp_path / "keys")
     async with services(env, tmp_path):
         agents = fleet.fleet_up(3, 1, "itest", namespace, tmp_path, env, [public], 1.0)

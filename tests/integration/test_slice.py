@@ -16,7 +16,16 @@ from schemas.events.v1 import TaskEvent
 from schemas.topics import Topic
 from services.shared.registry import register
 from services.shared.signing import ensure_keypair
-from tests.integration.harness import Record, Tap, is_up, name, services, stack_env, tap
+from tests.integration.harness import (
+    SMALL_POOL_SAFETY,
+    Record,
+    Tap,
+    is_up,
+    name,
+    services,
+    stack_env,
+    tap,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +48,7 @@ async def test_a_gpu_fault_and_a_stopped_heartbeat_each_become_a_succeeded_offli
     kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path
 ) -> None:
     env = stack_env(kafka_bootstrap, redis_url, namespace, tmp_path,
-                    COLLECTOR_DOWN_AFTER_S="6", WARDEN_LOG_LEVEL="INFO")
+                    COLLECTOR_DOWN_AFTER_S="6", WARDEN_LOG_LEVEL="INFO", **SMALL_POOL_SAFETY)
     _, public = ensure_keypair(tmp_path / "keys")
     async with services(env, tmp_path):
         agents = fleet.fleet_up(3, 2, "itest", namespace, tmp_path, env, [public], 1.0)

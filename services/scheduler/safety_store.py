@@ -1,0 +1,112 @@
+"""Redis side of the pool safety limits: latest pool health, in-flight offline tasks, alerts."""
+
+from __future__ import annotations
+
+from redis.asyncio import Redis
+
+from schemas.events.v1 import OpsTask, PoolHealth
+from services.shared.redis_client import Keys, text
+
+# Task id -> (cluster, pool), so a final TaskEvent (which carries no pool) finds its entry;
+# a final event arrives within hours, not weeks.
+INDEX_TTL_S = 7 * 24 * 3_600
+
+# ZADD only if the id is new, so a redispatch after a crash keeps the first deadline.
+ADD_IN_FLIGHT = """
+redis.call('ZADD', KEYS[1], 'NX', ARGV[2], ARGV[1])
+redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4])
+return 1
+"""
+
+
+class SafetyUnreadable(Exception):
+    """Pool health or the in-flight count could not be read."""
+
+
+class SafetyStore:
+    """Keeps what the short-circuit and the offline budget decide on."""
+
+    def __init__(self, redis: Redis, keys: Keys, health_ttl_s: int) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.health_ttl_s = health_ttl_s
+        self._add = redis.register_script(ADD_IN_FLIGHT)
+
+    async def node_state(self, cluster: str, node: str) -> str | None:
+        """The node's state as the collector keeps it (None if unknown)."""
+        value = await self.redis.hget(self.keys.node(cluster, node), "state")
+        return text(value) if value is not None else None
+
+    def health_key(self, cluster: str, pool: str) -> str:
+        return f"{self.keys.prefix}pool-health:{cluster}:{pool}"
+
+    def in_flight_key(self, cluster: str, pool: str) -> str:
+        """ZSET task id -> when its entry lapses (epoch seconds).
+
+        A dispatched task whose end is never seen must not hold the budget forever: its entry
+        lapses when its locks would (worst-case run plus margin).
+        """
+        return f"{self.keys.prefix}offline-in-flight:{cluster}:{pool}"
+
+    def _task_key(self, task_id: str) -> str:
+        return f"{self.keys.prefix}offline-task:{task_id}"
+
+    def alert_key(self, cluster: str, pool: str) -> str:
+        return f"{self.keys.prefix}short-circuit-alerted:{cluster}:{pool}"
+
+    async def save_health(self, health: PoolHealth) -> bool:
+        """Keep `health` unless a newer report is already stored; True if kept."""
+        key = self.health_key(health.cluster_id, health.pool)
+        current = await self.load_health(health.cluster_id, health.pool)
+        # A redelivered or reordered report must not replace a newer one. Two schedulers
+        # racing here each write a report of the same period, so the race is harmless.
+        if current is not None and current.occurred_at >= health.occurred_at:
+            return False
+        await self.redis.set(key, health.model_dump_json(), ex=self.health_ttl_s)
+        return True
+
+    async def load_health(self, cluster: str, pool: str) -> PoolHealth | None:
+        """The pool's latest health, None if none is stored; raises SafetyUnreadable."""
+        try:
+            raw = await self.redis.get(self.health_key(cluster, pool))
+            return None if raw is None else PoolHealth.model_validate_json(raw)
+        except Exception as err:
+            raise SafetyUnreadable(repr(err)) from err
+
+    async def in_flight(self, cluster: str, pool: str, now_s: float) -> int:
+        """Offline tasks dispatched and not yet finished; raises SafetyUnreadable."""
+        try:
+            return int(await self.redis.zcount(self.in_flight_key(cluster, pool),
+                                               f"({now_s}", "+inf"))
+        except Exception as err:
+            raise SafetyUnreadable(repr(err)) from err
+
+    async def add_in_flight(self, task: OpsTask, lapses_at_s: float) -> None:
+        """Count a dispatched offline task against its pool's budget (idempotent)."""
+        await self._add(
+            keys=[self.in_flight_key(task.cluster_id, task.pool),
+                  self._task_key(str(task.task_id))],
+            args=[str(task.task_id), lapses_at_s, f"{task.cluster_id} {task.pool}",
+                  INDEX_TTL_S],
+        )
+
+    async def finish(self, task_id: str, now_s: float) -> bool:
+        """Stop counting a task that ended; True if it was counted (a replay is a no-op)."""
+        raw = await self.redis.get(self._task_key(task_id))
+        if raw is None:
+            return False
+        cluster, _, pool = text(raw).partition(" ")
+        key = self.in_flight_key(cluster, pool)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.zrem(key, task_id)
+            # Lapsed entries of tasks whose end was never seen are pruned on the way.
+            pipe.zremrangebyscore(key, "-inf", now_s)
+            removed, _ = await pipe.execute()
+        return bool(removed)
+
+    async def start_alert_episode(self, cluster: str, pool: str, ttl_s: int) -> bool:
+        """True if no short-circuit episode is open for the pool; extends the open one."""
+        return not await self.redis.expire(self.alert_key(cluster, pool), ttl_s)
+
+    async def mark_alerted(self, cluster: str, pool: str, ttl_s: int) -> None:
+        await self.redis.set(self.alert_key(cluster, pool), "1", ex=ttl_s)
