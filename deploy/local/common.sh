@@ -29,6 +29,25 @@ validate_port() {
     fi
 }
 
+# Waits up to $2 seconds for pid $1 to exit; status 0 if it did.
+wait_exit() {
+    local pid="$1" i
+    for (( i = 0; i < $2 * 10; i++ )); do
+        kill -0 "${pid}" 2>/dev/null || return 0
+        sleep 0.1
+    done
+    ! kill -0 "${pid}" 2>/dev/null
+}
+
+# The last resort of a stop: SIGKILL pid $1 (saying why, $2) and wait until it is gone.
+kill_hard() {
+    local pid="$1"
+    kill -0 "${pid}" 2>/dev/null || return 0
+    log "pid ${pid} $2; sending SIGKILL"
+    kill -KILL "${pid}" 2>/dev/null || true
+    while kill -0 "${pid}" 2>/dev/null; do sleep 0.1; done
+}
+
 # Starts Kafka and Redis where they are not running, and stops (on exit) only what it started,
 # so a developer's long-running broker survives `make test`.
 LOCAL_SERVICES_STARTED=()

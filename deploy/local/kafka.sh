@@ -344,16 +344,8 @@ cmd_stop() {
     # SIGTERM runs Kafka's shutdown hook: it flushes logs and writes clean-shutdown markers, which
     # spares the next start a log recovery pass.
     kill -TERM "${pid}" 2>/dev/null || true
-    local i
-    for (( i = 0; i < STOP_TIMEOUT_S * 5; i++ )); do
-        kill -0 "${pid}" 2>/dev/null || break
-        sleep 0.2
-    done
-    if kill -0 "${pid}" 2>/dev/null; then
-        log "pid ${pid} still alive after ${STOP_TIMEOUT_S} s; sending SIGKILL"
-        kill -KILL "${pid}" 2>/dev/null || true
-        while kill -0 "${pid}" 2>/dev/null; do sleep 0.1; done
-    fi
+    wait_exit "${pid}" "${STOP_TIMEOUT_S}" \
+        || kill_hard "${pid}" "still alive after ${STOP_TIMEOUT_S} s"
     rm -f "${PID_FILE}"
     log "stopped pid ${pid} in $(elapsed_since "${started}") s"
 }

@@ -157,28 +157,14 @@ cmd_stop() {
     fi
     # SHUTDOWN fsyncs the AOF before exiting. redis-cli reports the dropped connection as an
     # error even on success, so its exit status is not meaningful here.
-    local rc=0 i
+    local rc=0
     timeout 10 redis-cli -h "${REDIS_HOST}" -p "${REDIS_PORT}" shutdown >/dev/null 2>&1 || rc=$?
     # 124 means redis-cli itself timed out: the server is wedged, so waiting for SHUTDOWN to
     # take effect would only waste STOP_TIMEOUT_S more; go straight to signals.
-    if (( rc != 124 )); then
-        for (( i = 0; i < STOP_TIMEOUT_S * 10; i++ )); do
-            kill -0 "${pid}" 2>/dev/null || break
-            sleep 0.1
-        done
-    fi
-    if kill -0 "${pid}" 2>/dev/null; then
+    if (( rc == 124 )) || ! wait_exit "${pid}" "${STOP_TIMEOUT_S}"; then
         log "SHUTDOWN did not stop pid ${pid}; sending SIGTERM"
         kill -TERM "${pid}" 2>/dev/null || true
-        for (( i = 0; i < 50; i++ )); do
-            kill -0 "${pid}" 2>/dev/null || break
-            sleep 0.1
-        done
-    fi
-    if kill -0 "${pid}" 2>/dev/null; then
-        log "pid ${pid} ignored SIGTERM; sending SIGKILL"
-        kill -KILL "${pid}" 2>/dev/null || true
-        while kill -0 "${pid}" 2>/dev/null; do sleep 0.1; done
+        wait_exit "${pid}" 5 || kill_hard "${pid}" "ignored SIGTERM"
     fi
     rm -f "${PID_FILE}"
     log "stopped pid ${pid}"

@@ -12,6 +12,7 @@ from typing import Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from schemas.events.v1 import TaskEvent
 from schemas.topics import Topic, topic_name
 from services import launcher
 from services.shared.messaging import ensure_topics
@@ -147,4 +148,19 @@ def is_up(node: str) -> Callable[[Record], bool]:
     """True for a node-state record saying `node` is up."""
     def check(record: Record) -> bool:
         return record.key == node.encode() and b'"state":"up"' in record.value
+    return check
+
+
+def task_events_for(events: Tap, target: str) -> list[TaskEvent]:
+    """Every task event of the tasks whose target is `target`, in order."""
+    parsed = [TaskEvent.model_validate_json(r.value) for r in events.records
+              if r.topic.endswith(Topic.OPS_TASK_EVENTS.value)]
+    task_ids = {e.task_id for e in parsed if e.task is not None and e.task.target == target}
+    return [e for e in parsed if e.task_id in task_ids]
+
+
+def is_success_of(events: Tap, target: str) -> Callable[[Record], bool]:
+    """True once a task whose target is `target` has succeeded."""
+    def check(record: Record) -> bool:
+        return any(e.state == "succeeded" for e in task_events_for(events, target))
     return check

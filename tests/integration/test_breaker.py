@@ -12,7 +12,7 @@ import pytest
 from redis.asyncio import Redis
 
 from agent import fleet
-from schemas.events.v1 import Alert, TaskEvent
+from schemas.events.v1 import Alert
 from schemas.topics import Topic
 from services import launcher
 from services.scheduler.breaker import BreakerConfig, Outcome
@@ -20,19 +20,20 @@ from services.scheduler.breaker_store import UNREADABLE, BreakerStore
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.registry import register
 from services.shared.signing import ensure_keypair
-from tests.integration.harness import Record, Tap, is_up, name, services, stack_env, tap
+from tests.integration.harness import (
+    Record,
+    Tap,
+    is_up,
+    name,
+    services,
+    stack_env,
+    tap,
+    task_events_for,
+)
 
 pytestmark = pytest.mark.integration
 
 GENTLE = BreakerConfig(disruptive=False, wait_s=0.0)
-
-
-def task_events_for(events: Tap, target: str) -> list[TaskEvent]:
-    """Every task event of the tasks whose target is `target`, in order."""
-    parsed = [TaskEvent.model_validate_json(r.value) for r in events.records
-              if r.topic.endswith(Topic.OPS_TASK_EVENTS.value)]
-    task_ids = {e.task_id for e in parsed if e.task is not None and e.task.target == target}
-    return [e for e in parsed if e.task_id in task_ids]
 
 
 def alerts(events: Tap) -> list[Alert]:

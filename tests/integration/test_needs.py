@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from agent import fleet
-from schemas.events.v1 import OpsNeed, TaskEvent
+from schemas.events.v1 import OpsNeed
 from schemas.topics import Topic
 from services.shared.registry import register
 from services.shared.signing import ensure_keypair
@@ -20,6 +20,7 @@ from tests.integration.harness import (
     SMALL_POOL_SAFETY,
     Record,
     Tap,
+    is_success_of,
     is_up,
     name,
     services,
@@ -143,13 +144,7 @@ async def test_a_killed_agent_is_down_within_the_grace_and_a_repaired_node_comes
                 # A GPU fault takes node-002 offline; repaired, it comes back after the hold.
                 fleet.inject_fault(tmp_path, "node-002", xid=[79])
                 await watch.wait_for(
-                    lambda r: r.topic.endswith(Topic.OPS_TASK_EVENTS.value)
-                    and b'"state":"succeeded"' in r.value
-                    and any(e.task is not None and e.task.target == "node-002"
-                            for e in (TaskEvent.model_validate_json(x.value)
-                                      for x in watch.records
-                                      if x.topic.endswith(Topic.OPS_TASK_EVENTS.value))),
-                    90, "node-002 taken offline")
+                    is_success_of(watch, "node-002"), 90, "node-002 taken offline")
                 await asyncio.sleep(1.0)
                 repaired_at = time.monotonic()
                 fleet.clear_faults(tmp_path, "node-002")

@@ -6,42 +6,26 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from agent import fleet
-from schemas.events.v1 import TaskEvent
 from schemas.topics import Topic
 from services.shared.registry import register
 from services.shared.signing import ensure_keypair
 from tests.integration.harness import (
     SMALL_POOL_SAFETY,
-    Record,
-    Tap,
+    is_success_of,
     is_up,
     name,
     services,
     stack_env,
     tap,
+    task_events_for,
 )
 
 pytestmark = pytest.mark.integration
-
-
-def task_events_for(events: Tap, target: str) -> list[TaskEvent]:
-    """Every task event of the task whose target is `target`, in order."""
-    parsed = [TaskEvent.model_validate_json(r.value) for r in events.records
-              if r.value is not None and r.topic.endswith(Topic.OPS_TASK_EVENTS.value)]
-    task_ids = {e.task_id for e in parsed if e.task is not None and e.task.target == target}
-    return [e for e in parsed if e.task_id in task_ids]
-
-
-def is_success_of(events: Tap, target: str) -> Callable[[Record], bool]:
-    def check(record: Record) -> bool:
-        return any(e.state == "succeeded" for e in task_events_for(events, target))
-    return check
 
 
 async def test_a_gpu_fault_and_a_stopped_heartbeat_each_become_a_succeeded_offline_task(
