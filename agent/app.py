@@ -15,16 +15,18 @@ from faststream.kafka import KafkaBroker
 from faststream.kafka.subscriber.usecase import DefaultSubscriber
 from opentelemetry.trace import SpanKind, Tracer
 
+from agent.actions import JobActions
 from agent.commands import CommandExecutor
 from agent.device import GpuProbe, NvmlProbe, open_probe
 from agent.faults import FaultPlan, read_faults, reports_paused
 from agent.host import HostSampler
-from agent.jobs import JobManager, JobSource, SimulatedJobs, job_specs
+from agent.jobs import JobManager, JobRunner, SimulatedJobs, job_args, job_specs
 from agent.journal import Journal
 from agent.peers import EchoListener, PeerProber
 from agent.report import Reporter
-from agent.settings import SIMULATED_JOBS, AgentSettings
-from schemas.events.v1 import Command, now_utc
+from agent.settings import AgentSettings
+from agent.store import CheckpointStore
+from schemas.events.v1 import Command, CommandResult, now_utc
 from schemas.topics import Topic, topic_name
 from services.shared.errors import InfrastructureUnavailable
 from services.shared.messaging import (
@@ -40,18 +42,23 @@ from services.shared.telemetry import setup_telemetry, shutdown_telemetry
 
 log = logging.getLogger("clusterwarden.agent")
 URGENT_POLL_S = 0.25
+# How often the jobs are brought in line with the mode and the fault plan between reports:
+# a job a failed migration let go restarts in seconds, not at a report an hour away.
+JOB_TICK_S = 0.5
 
 COMMAND_LIMIT_BYTES = 16_384  # RELIABILITY §4.4 step 1, checked before parsing
 
 
-def make_jobs(settings: AgentSettings, state_dir: Path) -> JobSource:
+def make_jobs(settings: AgentSettings, state_dir: Path) -> JobRunner:
     """The node's jobs as the settings choose them: processes, a simulation, or none."""
-    if settings.jobs == SIMULATED_JOBS:
-        return SimulatedJobs(settings.node_id, settings.gpus, now_utc())
+    if settings.simulated:
+        return SimulatedJobs(settings.node_id, settings.gpus, now_utc(),
+                             names=settings.simulated_job_names(), state_dir=state_dir)
     specs = job_specs(settings.node_id, settings.gpus, settings.job_names(),
                       checkpoint_every_s=settings.checkpoint_every_s)
     return JobManager(specs, state_dir, hung_after_s=settings.hung_after_s,
-                      stop_timeout_s=settings.job_stop_timeout_s)
+                      stop_timeout_s=settings.job_stop_timeout_s,
+                      args_by_kind=job_args(settings.checkpoint_every_s))
 
 
 class Agent:
@@ -69,7 +76,7 @@ class Agent:
         self._probe: GpuProbe | None = None
         self._executor: CommandExecutor | None = None
         self._reporter: Reporter | None = None
-        self._jobs: JobSource | None = None
+        self._jobs: JobRunner | None = None
         self._listener = EchoListener(self.state_dir, settings.probe_port)
         self._peers = PeerProber(settings.node_id, self.state_dir.parent,
                                  count=settings.peer_probes, timeout_s=settings.probe_timeout_s)
@@ -79,6 +86,7 @@ class Agent:
         self._reported_plan = FaultPlan()
         self._loop_task: asyncio.Task[None] | None = None
         self._probe_task: asyncio.Task[object] | None = None
+        self._tend_task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -94,6 +102,8 @@ class Agent:
         else:
             log.warning("no trusted keys: every command will be rejected (unknown_kid)")
             verifier = CommandVerifier({})
+        jobs = self._jobs = make_jobs(settings, self.state_dir)
+        store = CheckpointStore(settings.checkpoint_store_dir())
         self._executor = CommandExecutor(
             settings.node_id,
             settings.cluster_id,
@@ -103,11 +113,13 @@ class Agent:
             max_ttl_s=settings.max_command_ttl_s,
             fault_plan=lambda: read_faults(self.state_dir),
             default_interval_s=settings.interval_s,
+            jobs=JobActions(settings.node_id, settings.gpus, jobs, store,
+                            stop_timeout_s=settings.job_stop_timeout_s),
+            publish=self._publish_later,
         )
         # Seeded by the node's name, so a node's simulated GPUs look the same every run.
         seed = zlib.crc32(f"{settings.cluster_id}/{settings.node_id}".encode())
         probe = self._probe = open_probe(settings.gpus, seed=seed)
-        jobs = self._jobs = make_jobs(settings, self.state_dir)
         self._reporter = Reporter(
             node_id=settings.node_id,
             cluster_id=settings.cluster_id,
@@ -121,8 +133,9 @@ class Agent:
         )
         jobs.reconcile(journal.mode, read_faults(self.state_dir))
         log.info("agent %s (cluster %s, pool %s): state in %s, mode %s, interval %.3g s, "
-                 "jobs %r", settings.node_id, settings.cluster_id, settings.pool,
-                 self.state_dir, journal.mode, self._reporter.interval_s, settings.jobs)
+                 "jobs %r, checkpoint store %s", settings.node_id, settings.cluster_id,
+                 settings.pool, self.state_dir, journal.mode, self._reporter.interval_s,
+                 settings.jobs, store.root)
 
     @property
     def interval_s(self) -> float:
@@ -146,11 +159,21 @@ class Agent:
         """Start the report loop once the broker is connected."""
         self._stop.clear()
         self._loop_task = asyncio.create_task(self.report_loop(), name="agent-reports")
+        self._tend_task = asyncio.create_task(self.tend_jobs(), name="agent-jobs")
 
     async def stop_reporting(self) -> None:
-        """Stop the report loop before the broker closes."""
+        """Stop the report loop (and the long actions, which answer) before the broker closes."""
         self._stop.set()
         self._wake.set()
+        if self._executor is not None:
+            # A migration under way ends as failed "interrupted" and its job stays here; its
+            # answer goes out while the broker still can take it.
+            await self._executor.shutdown()
+        tending, self._tend_task = self._tend_task, None
+        if tending is not None:
+            tending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await tending
         probing, self._probe_task = self._probe_task, None
         if probing is not None:
             probing.cancel()
@@ -168,6 +191,8 @@ class Agent:
 
     async def close(self) -> None:
         """Stop the jobs and the listener, release the probe and the journal."""
+        if self._executor is not None:
+            await self._executor.shutdown()  # no-op after stop_reporting
         if self._jobs is not None:
             # SIGTERM, a checkpoint, an exit: seconds of blocking waits, kept off the loop.
             await asyncio.to_thread(self._jobs.close)
@@ -204,6 +229,25 @@ class Agent:
             self._jobs.reconcile(self._journal.mode, plan)
         self._wake.set()
         await self.bus.publish(Topic.NODE_COMMAND_RESULTS, result)
+
+    async def _publish_later(self, result: CommandResult) -> None:
+        """Publish the result of a long action that just ended."""
+        if self._jobs is not None and self._journal is not None:
+            # A job migrated away or let go: the processes follow at once.
+            self._jobs.reconcile(self._journal.mode, read_faults(self.state_dir))
+        self._wake.set()
+        await self.bus.publish(Topic.NODE_COMMAND_RESULTS, result)
+
+    async def tend_jobs(self) -> None:
+        """Keep the jobs in line with the mode and the fault plan between reports."""
+        while not self._stop.is_set():
+            if self._jobs is not None and self._journal is not None:
+                try:
+                    self._jobs.reconcile(self._journal.mode, read_faults(self.state_dir))
+                except Exception:
+                    log.exception("tending the jobs failed")
+            if await self._pause(JOB_TICK_S):
+                return
 
     # ------------------------------------------------------------ reports
 

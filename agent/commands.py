@@ -3,29 +3,40 @@
 Every check runs before any side effect. A command that fails its key, algorithm or
 signature check raises PermanentError (it is dead-lettered: nobody trustworthy is waiting
 for an answer); every other rejection is answered with a `rejected` result and journaled.
+
+Most actions finish at once and `handle` returns their result. A long action (migrate_job,
+stop_job, set_resources with a restart) is journaled as in progress and runs as an asyncio
+task; its result is journaled and handed to `publish` when it ends. Until then query_status
+answers it ("unknown", "in_progress"), a duplicate of it gets no answer (the real one
+follows), and `cancel` may stop it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import sqlite3
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
-from typing import Literal
+from functools import partial
 from uuid import UUID, uuid4
 
 from pydantic import ValidationError
 
+from agent.actions import JOB_ACTIONS, JobActions
+from agent.effects import IN_PROGRESS, Effect, Outcome
 from agent.faults import FaultPlan
 from agent.journal import Journal
 from schemas.events.v1 import (
     Action,
     ActionName,
+    Cancel,
     Command,
     CommandPayload,
     CommandResult,
     DrainNode,
+    MigrateJob,
     NodeMode,
     OfflineNode,
     OnlineNode,
@@ -33,14 +44,17 @@ from schemas.events.v1 import (
     ProbeNode,
     QueryStatus,
     SetReportInterval,
+    SetResources,
+    StartJob,
+    StopJob,
     UndrainNode,
+    now_utc,
 )
 from services.shared.errors import describe_validation_error
 from services.shared.signing import CommandVerifier, unb64url
 
 log = logging.getLogger("clusterwarden.agent.commands")
 
-Outcome = Literal["succeeded", "failed", "rejected", "unknown"]
 MAX_OUTPUTS = 32  # the schema's bound on CommandResult.outputs
 
 
@@ -63,11 +77,13 @@ def check_window(
 
 
 # Actions that disrupt nothing and are idempotent (a probe, a status query, setting an
-# absolute report interval) sit outside the node's command ordering and fencing: the centre
-# sends them from several services, and ordering them against task commands could only make
-# a task's command look stale. They neither need nor advance seq and epoch.
+# absolute report interval, cancelling one of the node's own running actions) sit outside
+# the node's command ordering and fencing: the centre sends them from several services, and
+# ordering them against task commands could only make a task's command look stale (a cancel
+# refused as stale would leave a terminated task's migration running). They neither need
+# nor advance seq and epoch.
 UNORDERED_ACTIONS: frozenset[str] = frozenset({"probe_node", "query_status",
-                                               "set_report_interval"})
+                                               "set_report_interval", "cancel"})
 
 
 def check_order(payload: CommandPayload, last_seq: int | None, max_epoch: int | None) -> str | None:
@@ -82,17 +98,6 @@ def check_order(payload: CommandPayload, last_seq: int | None, max_epoch: int | 
     return None
 
 
-@dataclass(frozen=True)
-class Effect:
-    """What an action does to the node: the outcome, and the mode or interval to persist."""
-
-    outcome: Outcome
-    reason: str = ""
-    mode: NodeMode | None = None
-    outputs: dict[str, OutputValue] = field(default_factory=dict)
-    interval_s: float | None = None
-
-
 def _mode_change(current: NodeMode, target: NodeMode) -> Effect:
     return Effect(
         "succeeded",
@@ -102,10 +107,16 @@ def _mode_change(current: NodeMode, target: NodeMode) -> Effect:
 
 
 def decide(
-    action: Action, mode: NodeMode, queried: CommandResult | None, interval_s: float = 2.0
+    action: Action,
+    mode: NodeMode,
+    queried: CommandResult | None,
+    interval_s: float = 2.0,
+    jobs: JobActions | None = None,
 ) -> Effect:
-    """What `action` does on a node in `mode` reporting every `interval_s`."""
-    # `queried` is the journaled result of the command a query_status asks about.
+    """What `action` does on a node in `mode` reporting every `interval_s` (nothing done yet)."""
+    # `queried` is the journaled result of the command a query_status asks about; `jobs`
+    # decides the job actions (an agent without it runs no jobs). Cancel needs the running
+    # actions, so the executor answers it.
     if isinstance(action, DrainNode):
         # "Ensure drained": draining twice is a no-op, and an offline node already takes no work.
         return _mode_change(mode, "draining" if mode == "active" else mode)
@@ -130,7 +141,11 @@ def decide(
     if isinstance(action, ProbeNode):
         # The answer itself is the proof: the command path works end to end.
         return Effect("succeeded", outputs={"mode": mode, "interval_s": interval_s})
-    return Effect("failed", "not_supported_yet")
+    if isinstance(action, MigrateJob | StartJob | StopJob | SetResources):
+        if jobs is None:
+            return Effect("failed", "not_supported", outputs={"job_id": action.job_id})
+        return jobs.decide(action, mode)
+    return Effect("failed", "not_supported")
 
 
 def query_effect(command_id: UUID, queried: CommandResult | None) -> Effect:
@@ -176,6 +191,9 @@ class CommandExecutor:
         max_ttl_s: float = 300.0,
         fault_plan: Callable[[], FaultPlan] = FaultPlan,
         default_interval_s: float = 2.0,
+        jobs: JobActions | None = None,
+        publish: Callable[[CommandResult], Awaitable[None]] | None = None,
+        clock: Callable[[], datetime] = now_utc,
     ) -> None:
         self.node_id = node_id
         self.cluster_id = cluster_id
@@ -185,7 +203,20 @@ class CommandExecutor:
         self.max_ttl_s = max_ttl_s
         self.fault_plan = fault_plan
         self.default_interval_s = default_interval_s
+        self.jobs = jobs
+        # Where the result of a long action goes when it ends (the agent publishes it).
+        self.publish = publish
+        self.clock = clock
         self.source = f"agent-{node_id}"[:128]
+        self._running: dict[UUID, asyncio.Task[CommandResult]] = {}
+        self._cancel_reasons: dict[UUID, str] = {}
+        self._publishing: set[asyncio.Task[None]] = set()
+        # A new executor runs nothing yet: whatever the journal says is in progress belongs
+        # to an agent process that is gone, and will never finish.
+        interrupted = journal.interrupt_in_progress(clock())
+        if interrupted:
+            log.warning("long actions interrupted by the agent's restart: %s",
+                        ", ".join(str(c) for c in interrupted))
 
     @property
     def interval_s(self) -> float:
@@ -193,8 +224,16 @@ class CommandExecutor:
         journaled = self.journal.interval_s
         return self.default_interval_s if journaled is None else journaled
 
+    def running(self) -> dict[UUID, asyncio.Task[CommandResult]]:
+        """The long actions still running, by command id."""
+        return {cid: task for cid, task in self._running.items() if not task.done()}
+
     def handle(self, command: Command, now: datetime) -> CommandResult | None:
-        """The result to publish for `command`, or None if the command is for another node."""
+        """The result to publish for `command` now, or None.
+
+        None: the command is for another node, or it started a long action whose result
+        goes to `publish` when the action ends (a duplicate of it gets None too).
+        """
         # The command topic is shared: most commands on it are simply not ours.
         if command.subject != self.node_id or command.cluster_id != self.cluster_id:
             return None
@@ -211,6 +250,10 @@ class CommandExecutor:
 
         cached = self.journal.cached_result(payload.command_id)
         if cached is not None:
+            if payload.command_id in self.running():
+                log.info("command %s is a duplicate of a running action; its result follows",
+                         payload.command_id)
+                return None
             log.info("command %s is a duplicate; answering with the cached result",
                      payload.command_id)
             return cached.model_copy(
@@ -227,16 +270,44 @@ class CommandExecutor:
 
         return self._execute(command, payload, now)
 
-    def _execute(self, command: Command, payload: CommandPayload, now: datetime) -> CommandResult:
-        action = payload.action
-        mode = self.journal.mode
+    def _decide(self, action: Action, mode: NodeMode, interval_s: float) -> Effect:
+        if isinstance(action, Cancel):
+            return self._decide_cancel(action)
         queried = (
             self.journal.cached_result(action.command_id)
             if isinstance(action, QueryStatus)
             else None
         )
+        return decide(action, mode, queried, interval_s, self.jobs)
+
+    def _decide_cancel(self, action: Cancel) -> Effect:
+        target = action.command_id
+        task = self.running().get(target)
+        known = self.journal.cached_result(target)
+        outputs: dict[str, OutputValue] = {"queried_command_id": str(target)}
+        if task is None:
+            # Finished, never seen, or not a long action: there is nothing left to stop.
+            outputs |= {"cancelled": False,
+                        "queried_outcome": known.outcome if known else "not_in_journal"}
+            return Effect("succeeded", outputs=outputs)
+        outputs |= {"cancelled": True,
+                    "queried_action": (known.action or "") if known is not None else ""}
+
+        def cancel() -> Effect:
+            self._cancel_reasons[target] = "cancelled"
+            task.cancel()
+            return Effect("succeeded", outputs=outputs)
+
+        return Effect("succeeded", outputs=outputs, apply=cancel,
+                      plan=f"cancel the running command {target}")
+
+    def _execute(
+        self, command: Command, payload: CommandPayload, now: datetime
+    ) -> CommandResult | None:
+        action = payload.action
+        mode = self.journal.mode
         interval_s = self.interval_s
-        effect = decide(action, mode, queried, interval_s)
+        effect = self._decide(action, mode, interval_s)
         if payload.dry_run:
             outputs: dict[str, OutputValue] = {
                 "dry_run": True, "mode": mode, "interval_s": interval_s
@@ -245,9 +316,23 @@ class CommandExecutor:
                 outputs["target_mode"] = effect.mode
             if effect.interval_s is not None:
                 outputs["target_interval_s"] = effect.interval_s
+            if action.action in JOB_ACTIONS or isinstance(action, Cancel):
+                # What the action would do and report, short of doing it.
+                for key, value in effect.outputs.items():
+                    if len(outputs) >= MAX_OUTPUTS - 1:  # room for the plan
+                        break
+                    outputs.setdefault(key, value)
+                if effect.plan:
+                    outputs["plan"] = effect.plan
             effect = Effect(effect.outcome, effect.reason, None, outputs)
         elif action.action in self.fault_plan().fail_actions and effect.outcome == "succeeded":
             effect = Effect("failed", "injected_failure", None, {"mode": mode})
+        else:
+            if effect.apply is not None:
+                effect = self._apply(action.action, effect.apply)
+            if effect.run is not None and effect.outcome == "succeeded":
+                self._start_long(command, payload, effect, now)
+                return None
 
         result = self._result(command, payload.command_id, payload, effect.outcome,
                               effect.reason, effect.outputs, now)
@@ -260,6 +345,108 @@ class CommandExecutor:
         log.info("command %s %s: %s %s %s", payload.command_id, action.action, effect.outcome,
                  effect.reason, effect.outputs)
         return result
+
+    @staticmethod
+    def _apply(name: str, apply: Callable[[], Effect]) -> Effect:
+        try:
+            return apply()
+        except Exception:
+            # A job action that breaks is a failed command, not a dead agent; the job
+            # actions already turn the failures they expect into reasons.
+            log.exception("action %s failed", name)
+            return Effect("failed", "job_error")
+
+    # ------------------------------------------------------------ long actions
+
+    def _start_long(
+        self, command: Command, payload: CommandPayload, effect: Effect, now: datetime
+    ) -> None:
+        run = effect.run
+        if run is None:
+            raise ValueError("a long action needs something to run")
+        loop = asyncio.get_running_loop()  # before journaling: without a loop nothing runs
+        pending = self._result(command, payload.command_id, payload, "unknown", IN_PROGRESS,
+                               effect.outputs, now)
+        # Accepted now: it takes its place in the ordering, and a replay is a duplicate.
+        self.journal.record(pending, seq=payload.seq, epoch=payload.epoch, accepted=True,
+                            now=now)
+        task = loop.create_task(self._finish_long(command, payload, run),
+                                name=f"command-{payload.command_id}")
+        task.add_done_callback(partial(self._long_done, command, payload))
+        self._running[payload.command_id] = task
+        log.info("command %s %s: started %s", payload.command_id, payload.action.action,
+                 effect.outputs)
+
+    async def _finish_long(
+        self, command: Command, payload: CommandPayload, run: Callable[[], Awaitable[Effect]]
+    ) -> CommandResult:
+        command_id = payload.command_id
+        try:
+            effect = await run()
+        except asyncio.CancelledError:
+            reason = self._cancel_reasons.pop(command_id, "cancelled")
+            # Answered as failed: whoever cancelled it still gets the command's result.
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            effect = Effect("failed", reason)
+        except Exception:
+            log.exception("command %s %s failed", command_id, payload.action.action)
+            effect = Effect("failed", "job_error")
+        result = self._result(command, command_id, payload, effect.outcome, effect.reason,
+                              effect.outputs, self.clock())
+        if self._complete(result, payload):
+            await self._publish(result)
+        return result
+
+    def _complete(self, result: CommandResult, payload: CommandPayload) -> bool:
+        """Journal a long action's result; False if it was journaled already."""
+        try:
+            completed = self.journal.complete(result)
+        except sqlite3.Error:
+            # Still in progress in the journal: a restarted agent answers it "interrupted".
+            log.exception("journaling the result of command %s failed", result.command_id)
+            return True
+        if completed:
+            log.info("command %s %s: %s %s %s", result.command_id, payload.action.action,
+                     result.outcome, result.reason, result.outputs)
+        return completed
+
+    async def _publish(self, result: CommandResult) -> None:
+        if self.publish is None:
+            return
+        try:
+            await self.publish(result)
+        except Exception:
+            # Journaled: the centre's query_status gets it.
+            log.exception("publishing the result of command %s failed", result.command_id)
+
+    def _long_done(
+        self, command: Command, payload: CommandPayload, task: asyncio.Task[CommandResult]
+    ) -> None:
+        self._running.pop(payload.command_id, None)
+        if not task.cancelled():
+            return
+        # Cancelled before its coroutine ever ran (or while publishing): the journal must
+        # still end the action, and whoever waits must still hear of it.
+        reason = self._cancel_reasons.pop(payload.command_id, "cancelled")
+        result = self._result(command, payload.command_id, payload, "failed", reason, {},
+                              self.clock())
+        if self._complete(result, payload):
+            publishing = asyncio.get_running_loop().create_task(self._publish(result))
+            self._publishing.add(publishing)
+            publishing.add_done_callback(self._publishing.discard)
+
+    async def shutdown(self) -> None:
+        """Stop the long actions still running; each answers failed "interrupted"."""
+        tasks = self.running()
+        for command_id, task in tasks.items():
+            self._cancel_reasons[command_id] = "interrupted"
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks.values(), return_exceptions=True)
+        if self._publishing:
+            await asyncio.gather(*self._publishing, return_exceptions=True)
 
     def _reject(
         self, command: Command, payload: CommandPayload, reason: str, now: datetime

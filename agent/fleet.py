@@ -4,10 +4,15 @@ Layout under a fleet's state directory:
     agents/<node>/agent.pid      the pid of the agent process
     agents/<node>/faults.json    its fault plan (see agent.faults)
     agents/<node>/journal.sqlite3
+    agents/<node>/jobs.json      the jobs the node owns (see agent.jobs)
     agents/<node>/probe.addr     its peer-probe listener (see agent.peers)
     agents/<node>/jobs/<job>/    status.json, checkpoint.npz, job.pid, job.log of a job
+    checkpoints/<job>/           checkpoint.npz, meta.json: the shared checkpoint store
+                                 (AGENT_CHECKPOINT_STORE) migrations go through
     logs/agent-<node>.log
-A plain library; the CLI and the tests wrap it.
+A plain library; the CLI, the capacity provider and the tests wrap it. `start_agent` starts
+one agent for any node id: a standby node is one started with `jobs=""` (no jobs of its own,
+only those migrated to it).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any
 from agent.faults import FaultPlan, clear_fault_file, read_faults, write_faults
 from agent.jobs import JOBS_DIR
 from agent.jobs import PID_FILE as JOB_PID_FILE
+from agent.settings import CHECKPOINTS_DIR
 
 log = logging.getLogger("clusterwarden.agent.fleet")
 
@@ -60,6 +66,11 @@ def node_name(number: int) -> str:
 def agent_dir(state_dir: Path, node_id: str) -> Path:
     """The state directory of one agent of the fleet."""
     return state_dir / "agents" / node_id
+
+
+def checkpoint_store(state_dir: Path) -> Path:
+    """The checkpoint store every agent of the fleet shares."""
+    return Path(state_dir).resolve() / CHECKPOINTS_DIR
 
 
 def log_path(state_dir: Path, node_id: str) -> Path:
@@ -208,7 +219,13 @@ def agent_env(
     jobs: str | None = None,
     probe_port: int | None = None,
 ) -> dict[str, str]:
-    """The environment of one agent process (other AGENT_* settings pass through from `env`)."""
+    """The environment of one agent process (other AGENT_* settings pass through from `env`).
+
+    `jobs` is AGENT_JOBS: None keeps env's (else "train,infer"), "" starts a standby agent
+    with no jobs of its own. Every agent of a fleet gets the same checkpoint store (env's
+    AGENT_CHECKPOINT_STORE, else <state_dir>/checkpoints), so a job migrated out of one
+    node resumes on any other.
+    """
     child = dict(env)
     python_path = child.get("PYTHONPATH", "")
     child |= {
@@ -225,6 +242,9 @@ def agent_env(
         "AGENT_INTERVAL_S": str(interval_s),
         "AGENT_STATE_DIR": str(agent_dir(state_dir, node_id)),
         "AGENT_TRUSTED_KEYS": ",".join(str(Path(p).resolve()) for p in trusted_keys),
+        "AGENT_CHECKPOINT_STORE": (
+            child.get("AGENT_CHECKPOINT_STORE") or str(checkpoint_store(state_dir))
+        ),
     }
     if probe_port is not None:
         child["AGENT_PROBE_PORT"] = str(probe_port)

@@ -1,15 +1,26 @@
 """The ML jobs of a node: real child processes (JobManager) or a cheap simulation.
 
-A JobManager starts each configured job as `python -m agent.ml.<module>`, reads the status
-file the job writes every second, and turns it into JobInfo. It follows the node's mode
-(offline stops every job, draining stops inference; both come back when the node is active
-again) and the fault plan (`hung_job` freezes a job with SIGSTOP until the plan clears), but
-it never restarts a job that ended or failed on its own: that is the centre's decision.
+A JobManager starts each job of the node's job table as `python -m agent.ml.<module>`, reads
+the status file the job writes every second, and turns it into JobInfo. It follows the
+node's mode (offline stops every job, draining stops inference; both come back when the node
+is active again) and the fault plan (`hung_job` freezes a job with SIGSTOP until the plan
+clears), but it never restarts a job that ended or failed on its own: that is the centre's
+decision.
+
+The job table (<agent state>/jobs.json) is what the node owns: the configured jobs (AGENT_JOBS)
+and those start_job brought, minus those migrated or stopped away. It survives restarts, so
+a job started here comes back with the agent and a job moved out never does. A job that the
+mode stopped is still owned: an offline node keeps its jobs until they are migrated out.
+
+The job actions (agent.actions) drive both sources through the same operations: `hold` asks
+a job to checkpoint and stop and keeps it down, `settled` says when its process is gone,
+`release` lets it run here again, `forget` gives it up. None of them blocks.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -21,7 +32,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent.faults import FaultPlan
 from agent.ml.runtime import CHECKPOINT_FILE, STATUS_FILE
@@ -35,26 +48,18 @@ JobState = Literal["starting", "running", "checkpointing", "stopped", "failed", 
 JOBS_DIR = "jobs"
 PID_FILE = "job.pid"
 LOG_FILE = "job.log"
+TABLE_FILE = "jobs.json"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MAX_THROUGHPUT = 1e9  # the schema's bound on JobInfo.throughput
+MAX_GONE = 1_024  # job ids remembered as given up (only configured ones matter)
 
 # Job name (as in AGENT_JOBS) -> (kind, module, preferred GPU).
 JOB_TYPES: dict[str, tuple[JobKind, str, int]] = {
     "train": ("training", "agent.ml.train", 0),
     "infer": ("inference", "agent.ml.infer", 1),
 }
-
-
-class JobSource(Protocol):
-    """Where a report's jobs come from."""
-
-    def start(self) -> None: ...
-
-    def reconcile(self, mode: NodeMode, plan: FaultPlan) -> None: ...
-
-    def snapshot(self, now: datetime) -> list[JobInfo]: ...
-
-    def close(self) -> None: ...
+# The program of a job start_job brings, by kind.
+JOB_MODULES: dict[JobKind, str] = {"training": "agent.ml.train", "inference": "agent.ml.infer"}
 
 
 def wanted(kind: JobKind, mode: NodeMode) -> bool:
@@ -75,24 +80,248 @@ def job_dir(state_dir: Path, job_id: str) -> Path:
     return state_dir / JOBS_DIR / job_id
 
 
+# ---------------------------------------------------------------- the job table
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """A job the node owns: what it is and what it may use (not how it is run)."""
+
+    job_id: str
+    kind: JobKind
+    gpu_indices: tuple[int, ...] = ()
+    memory_mib: int = 0
+
+
+class _RecordFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    job_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$")]
+    kind: JobKind
+    gpu_indices: list[Annotated[int, Field(ge=0, le=63)]] = Field(default_factory=list)
+    memory_mib: Annotated[int, Field(ge=0)] = 0
+
+
+class _TableFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    version: Literal[1] = 1
+    jobs: list[_RecordFile] = Field(default_factory=list)
+    gone: list[str] = Field(default_factory=list)
+
+
+class JobTable:
+    """The jobs a node owns, kept in a JSON file (written atomically on every change)."""
+
+    def __init__(self, path: Path | None, configured: Sequence[JobRecord]) -> None:
+        self.path = path
+        self.records: dict[str, JobRecord] = {}
+        self.gone: list[str] = []
+        loaded = self._load()
+        if loaded is not None:
+            self.records = {
+                r.job_id: JobRecord(r.job_id, r.kind, tuple(r.gpu_indices), r.memory_mib)
+                for r in loaded.jobs
+            }
+            self.gone = list(loaded.gone)
+        # A configured job is owned unless it was given up: a job migrated out of this node
+        # must not come back when the agent restarts with the same AGENT_JOBS.
+        added = [
+            r for r in configured if r.job_id not in self.records and r.job_id not in self.gone
+        ]
+        for record in added:
+            self.records[record.job_id] = record
+        if loaded is None or added:
+            self._save()
+
+    def _load(self) -> _TableFile | None:
+        if self.path is None:
+            return None
+        try:
+            return _TableFile.model_validate_json(self.path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValidationError) as err:
+            # Starting from the configuration may bring back a job that moved away; refusing
+            # to start would take the node down. The first is the lesser harm, and it is loud.
+            log.error("unreadable job table %s (%s): starting from the configured jobs",
+                      self.path, err)
+            return None
+
+    def _save(self) -> None:
+        if self.path is None:
+            return
+        body = _TableFile(
+            jobs=[
+                _RecordFile(job_id=r.job_id, kind=r.kind, gpu_indices=list(r.gpu_indices),
+                            memory_mib=r.memory_mib)
+                for r in self.records.values()
+            ],
+            gone=self.gone[-MAX_GONE:],
+        )
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        with tmp.open("wb") as out:
+            out.write(body.model_dump_json(indent=2).encode())
+            out.flush()
+            os.fsync(out.fileno())
+        tmp.replace(self.path)
+
+    def put(self, record: JobRecord) -> None:
+        """Own `record` from now on (replacing what was known of the job)."""
+        self.records[record.job_id] = record
+        if record.job_id in self.gone:
+            self.gone.remove(record.job_id)
+        self._save()
+
+    def remove(self, job_id: str) -> None:
+        """No longer own the job, and remember that (so configuration cannot bring it back)."""
+        self.records.pop(job_id, None)
+        if job_id not in self.gone:
+            self.gone.append(job_id)
+        self._save()
+
+
+# ---------------------------------------------------------------- what the actions see
+
+
+@dataclass(frozen=True)
+class JobView:
+    """One owned job as the actions see it."""
+
+    job_id: str
+    kind: JobKind
+    state: JobState
+    step: int
+    progress_pct: float
+    gpu_indices: tuple[int, ...]
+    memory_mib: int
+    alive: bool  # its process runs (simulated: it is running)
+    busy: bool  # a long action holds it
+
+
+@dataclass(frozen=True)
+class LocalCheckpoint:
+    """A stopped job's latest checkpoint on this node (no file: nothing to resume from)."""
+
+    path: Path | None
+    step: int
+    progress_pct: float
+
+
+class JobSource(Protocol):
+    """Where a report's jobs come from."""
+
+    def start(self) -> None: ...
+
+    def reconcile(self, mode: NodeMode, plan: FaultPlan) -> None: ...
+
+    def snapshot(self, now: datetime) -> list[JobInfo]: ...
+
+    def close(self) -> None: ...
+
+
+class JobRunner(JobSource, Protocol):
+    """A job source the job actions can drive; no method blocks."""
+
+    def views(self) -> list[JobView]: ...
+
+    def view(self, job_id: str) -> JobView | None: ...
+
+    def checkpoint_file(self, job_id: str) -> Path | None:
+        """Where a resumed job's checkpoint must be put; None if the jobs take no file."""
+        ...
+
+    def add(self, record: JobRecord, *, step: int, progress_pct: float) -> None:
+        """Own and start (if the mode wants) a job, continuing from `step`."""
+        ...
+
+    def hold(self, job_id: str, grace_s: float) -> None:
+        """Ask the job to checkpoint and stop, and keep it down; SIGKILL after `grace_s`."""
+        ...
+
+    def settled(self, job_id: str) -> bool:
+        """True once the held job runs no more."""
+        ...
+
+    def release(self, job_id: str) -> None:
+        """End a hold: the job runs here again if it was running before."""
+        ...
+
+    def local_checkpoint(self, job_id: str) -> LocalCheckpoint: ...
+
+    def forget(self, job_id: str) -> None:
+        """Give up a stopped job for good (persisted)."""
+        ...
+
+    def resize(self, job_id: str, gpu_indices: tuple[int, ...], memory_mib: int) -> None: ...
+
+
 # ---------------------------------------------------------------- simulated
 
 TRAINING_RUN_S = 600.0  # one simulated training run, 0 -> 100 %
+SIM_STEPS_PER_S = 10.0  # simulated training steps per second
+SIM_STEPS_PER_RUN = TRAINING_RUN_S * SIM_STEPS_PER_S
 INFERENCE_THROUGHPUT = 120.0  # requests per second while serving
+
+
+def configured_records(node_id: str, gpus: int, names: Sequence[str]) -> list[JobRecord]:
+    """The job records of the named jobs (names as in AGENT_JOBS: train, infer)."""
+    records = []
+    for name in names:
+        kind, _, preferred = JOB_TYPES[name]
+        records.append(JobRecord(f"{node_id}.{name}"[:128], kind, tuple(gpu_for(preferred, gpus))))
+    return records
+
+
+@dataclass
+class SimJob:
+    """A simulated job: its record and how many steps it has done (training only)."""
+
+    record: JobRecord
+    steps: float = 0.0
+    held: bool = False
 
 
 class SimulatedJobs:
     """Jobs without processes, for large fleets: progress advances with time unless hung."""
 
-    def __init__(self, node_id: str, gpus: int, started_at: datetime) -> None:
-        self.training_id = f"{node_id}.train"[:128]
-        self.inference_id = f"{node_id}.infer"[:128]
+    def __init__(
+        self,
+        node_id: str,
+        gpus: int,
+        started_at: datetime,
+        *,
+        names: Sequence[str] = ("train", "infer"),
+        state_dir: Path | None = None,
+    ) -> None:
         self.gpus = gpus
-        self.progress_pct = 0.0
-        self.runs = 0
+        self.table = JobTable(
+            None if state_dir is None else state_dir / TABLE_FILE,
+            configured_records(node_id, gpus, names),
+        )
+        self.jobs: dict[str, SimJob] = {
+            job_id: SimJob(record) for job_id, record in self.table.records.items()
+        }
         self._last = started_at
         self._mode: NodeMode = "active"
         self._hung = False
+
+    @property
+    def _first_training(self) -> SimJob | None:
+        return next((j for j in self.jobs.values() if j.record.kind == "training"), None)
+
+    @property
+    def progress_pct(self) -> float:
+        """The progress of the node's (first) training job in its current run."""
+        job = self._first_training
+        return 0.0 if job is None else job.steps % SIM_STEPS_PER_RUN / SIM_STEPS_PER_RUN * 100.0
+
+    @property
+    def runs(self) -> int:
+        """How many full runs the (first) training job has completed."""
+        job = self._first_training
+        return 0 if job is None else int(job.steps // SIM_STEPS_PER_RUN)
 
     def start(self) -> None:
         """Nothing to start."""
@@ -106,38 +335,98 @@ class SimulatedJobs:
     def close(self) -> None:
         """Nothing to stop."""
 
+    def _running(self, job: SimJob, mode: NodeMode) -> bool:
+        return wanted(job.record.kind, mode) and not job.held
+
+    def _state(self, job: SimJob, mode: NodeMode, hung_job: SimJob | None) -> JobState:
+        if not self._running(job, mode):
+            return "stopped"
+        return "hung" if job is hung_job else "running"
+
+    def _progress(self, job: SimJob) -> float:
+        if job.record.kind != "training":
+            return 0.0
+        return job.steps % SIM_STEPS_PER_RUN / SIM_STEPS_PER_RUN * 100.0
+
     def advance(self, now: datetime, mode: NodeMode, hung: bool) -> list[JobInfo]:
-        """The jobs at `now`; progress moves only while the training job runs."""
+        """The jobs at `now`; progress moves only while a training job runs."""
         elapsed = max(0.0, (now - self._last).total_seconds())
         self._last = now
-        running = wanted("training", mode)
-        if running and not hung:
-            self.progress_pct += elapsed / TRAINING_RUN_S * 100.0
-            if self.progress_pct >= 100.0:
-                self.runs += 1
-                self.progress_pct %= 100.0
-        training_state: JobState = "stopped" if not running else ("hung" if hung else "running")
-        jobs = [
-            JobInfo(
-                job_id=self.training_id,
-                kind="training",
-                state=training_state,
-                progress_pct=round(self.progress_pct, 3),
-                throughput=0.0 if training_state != "running" else 1.0,
-                gpu_indices=gpu_for(0, self.gpus),
-            )
-        ]
-        if wanted("inference", mode):
-            jobs.append(
+        self._mode = mode
+        # The fault freezes one job, the training job if there is one (as with processes).
+        running = [j for j in self.jobs.values() if self._running(j, mode)]
+        hung_job = None
+        if hung and running:
+            hung_job = next((j for j in running if j.record.kind == "training"), running[0])
+        infos = []
+        for job in self.jobs.values():
+            state = self._state(job, mode, hung_job)
+            if job.record.kind == "training" and state == "running":
+                job.steps += elapsed * SIM_STEPS_PER_S
+            throughput = 0.0
+            if state == "running":
+                throughput = 1.0 if job.record.kind == "training" else INFERENCE_THROUGHPUT
+            infos.append(
                 JobInfo(
-                    job_id=self.inference_id,
-                    kind="inference",
-                    state="running",
-                    throughput=INFERENCE_THROUGHPUT,
-                    gpu_indices=gpu_for(1, self.gpus),
+                    job_id=job.record.job_id,
+                    kind=job.record.kind,
+                    state=state,
+                    progress_pct=round(self._progress(job), 3),
+                    throughput=throughput,
+                    gpu_indices=list(job.record.gpu_indices),
                 )
             )
-        return jobs
+        return infos
+
+    # ------------------------------------------------------------ job actions
+
+    def _view(self, job: SimJob) -> JobView:
+        return JobView(
+            job_id=job.record.job_id, kind=job.record.kind,
+            state=self._state(job, self._mode, None), step=int(job.steps),
+            progress_pct=self._progress(job), gpu_indices=job.record.gpu_indices,
+            memory_mib=job.record.memory_mib, alive=self._running(job, self._mode),
+            busy=job.held,
+        )
+
+    def views(self) -> list[JobView]:
+        return [self._view(job) for job in self.jobs.values()]
+
+    def view(self, job_id: str) -> JobView | None:
+        job = self.jobs.get(job_id)
+        return None if job is None else self._view(job)
+
+    def checkpoint_file(self, job_id: str) -> Path | None:
+        return None
+
+    def add(self, record: JobRecord, *, step: int, progress_pct: float) -> None:
+        self.table.put(record)
+        self.jobs[record.job_id] = SimJob(record, steps=float(step))
+
+    def hold(self, job_id: str, grace_s: float) -> None:
+        if job_id in self.jobs:
+            self.jobs[job_id].held = True
+
+    def settled(self, job_id: str) -> bool:
+        return True  # a simulated job stops at once
+
+    def release(self, job_id: str) -> None:
+        if job_id in self.jobs:
+            self.jobs[job_id].held = False
+
+    def local_checkpoint(self, job_id: str) -> LocalCheckpoint:
+        job = self.jobs[job_id]
+        return LocalCheckpoint(None, int(job.steps), self._progress(job))
+
+    def forget(self, job_id: str) -> None:
+        self.table.remove(job_id)
+        self.jobs.pop(job_id, None)
+
+    def resize(self, job_id: str, gpu_indices: tuple[int, ...], memory_mib: int) -> None:
+        job = self.jobs[job_id]
+        job.record = dataclasses.replace(job.record, gpu_indices=gpu_indices,
+                                         memory_mib=memory_mib)
+        self.table.put(job.record)
 
 
 # ---------------------------------------------------------------- real processes
@@ -152,20 +441,27 @@ class JobSpec:
     module: str
     gpu_indices: tuple[int, ...] = ()
     args: tuple[str, ...] = ()
+    memory_mib: int = 0
+
+    @property
+    def record(self) -> JobRecord:
+        return JobRecord(self.job_id, self.kind, self.gpu_indices, self.memory_mib)
 
 
 def job_specs(
     node_id: str, gpus: int, names: Sequence[str], *, checkpoint_every_s: float = 5.0
 ) -> list[JobSpec]:
     """The specs of the named jobs (names as in AGENT_JOBS: train, infer)."""
-    specs = []
-    for name in names:
-        kind, module, preferred = JOB_TYPES[name]
-        args = ("--checkpoint-every", str(checkpoint_every_s)) if kind == "training" else ()
-        specs.append(
-            JobSpec(f"{node_id}.{name}"[:128], kind, module, tuple(gpu_for(preferred, gpus)), args)
-        )
-    return specs
+    args = job_args(checkpoint_every_s)
+    return [
+        JobSpec(r.job_id, r.kind, JOB_MODULES[r.kind], r.gpu_indices, args[r.kind])
+        for r in configured_records(node_id, gpus, names)
+    ]
+
+
+def job_args(checkpoint_every_s: float = 5.0) -> dict[JobKind, tuple[str, ...]]:
+    """The extra arguments of each kind of job."""
+    return {"training": ("--checkpoint-every", str(checkpoint_every_s)), "inference": ()}
 
 
 @dataclass
@@ -179,12 +475,19 @@ class ManagedJob:
     # may the manager start it (a job that ended or failed on its own stays down).
     may_start: bool = True
     stopping_since: float | None = None
+    kill_at: float | None = None
     killed: bool = False
     frozen: bool = False
     spawn_failed: bool = False
     status: dict[str, Any] = field(default_factory=dict)
     progress_mark: Any = None
     progress_at: float = 0.0
+    # A long action (migration, stop, restart) owns the job: never start it.
+    held: bool = False
+    run_after_hold: bool = False
+    # What the job had done before its current process reported (a resume starts there).
+    baseline_step: int = 0
+    baseline_progress: float = 0.0
 
     @property
     def alive(self) -> bool:
@@ -201,6 +504,21 @@ def _clamp(value: Any, high: float) -> float:
     return min(high, max(0.0, number))
 
 
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        loaded = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        log.warning("unreadable job status %s: %s", path, err)
+        return None
+    return loaded if isinstance(loaded, dict) else None
+
+
 class JobManager:
     """Runs a node's jobs as child processes and reports on them."""
 
@@ -214,16 +532,48 @@ class JobManager:
         python: str = sys.executable,
         env: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        args_by_kind: Mapping[JobKind, Sequence[str]] | None = None,
+        persist: bool = True,
     ) -> None:
-        self.jobs = [ManagedJob(spec, job_dir(state_dir, spec.job_id)) for spec in specs]
+        self.state_dir = state_dir
+        self.configured = {spec.job_id: spec for spec in specs}
+        self.args_by_kind = {
+            kind: tuple(args) for kind, args in (args_by_kind or job_args()).items()
+        }
+        self.table = JobTable(state_dir / TABLE_FILE if persist else None,
+                              [spec.record for spec in specs])
         self.hung_after_s = hung_after_s
         self.stop_timeout_s = stop_timeout_s
         self.python = python
         self.env = dict(os.environ if env is None else env)
         self.clock = clock
+        self.jobs = [self._managed(record) for record in self.table.records.values()]
         self.started = False
         self._mode: NodeMode = "active"
         self._plan = FaultPlan()
+
+    def _spec(self, record: JobRecord) -> JobSpec:
+        """How to run a record: as configured, else the program of its kind."""
+        base = self.configured.get(record.job_id)
+        module = base.module if base is not None else JOB_MODULES[record.kind]
+        args = base.args if base is not None else self.args_by_kind.get(record.kind, ())
+        return JobSpec(record.job_id, record.kind, module, record.gpu_indices, args,
+                       record.memory_mib)
+
+    def _managed(
+        self, record: JobRecord, baseline: tuple[int, float] | None = None
+    ) -> ManagedJob:
+        job = ManagedJob(self._spec(record), job_dir(self.state_dir, record.job_id))
+        if baseline is None:
+            # A job coming back after a restart shows the progress it had, not 0 %, until
+            # its new process reports.
+            left = _read_json(job.directory / STATUS_FILE) or {}
+            baseline = (_int(left.get("step")), _clamp(left.get("progress_pct"), 100.0))
+        job.baseline_step, job.baseline_progress = baseline
+        return job
+
+    def _find(self, job_id: str) -> ManagedJob | None:
+        return next((job for job in self.jobs if job.spec.job_id == job_id), None)
 
     # ------------------------------------------------------------ processes
 
@@ -240,6 +590,9 @@ class JobManager:
 
     def _spawn(self, job: ManagedJob) -> None:
         spec = job.spec
+        # A resumed process reports step 0 until it has loaded its checkpoint: until then
+        # the job shows where its previous process stopped.
+        job.baseline_step, job.baseline_progress = self._progress(job)
         try:
             job.directory.mkdir(parents=True, exist_ok=True)
             # A status left by an earlier process must not pass for this one's.
@@ -272,7 +625,7 @@ class JobManager:
         except OSError:
             # Only the fleet's clean-up of orphans reads it; the job itself runs fine.
             log.exception("recording the pid of job %s failed", spec.job_id)
-        job.stopping_since = None
+        job.stopping_since = job.kill_at = None
         job.killed = job.frozen = False
         job.status, job.progress_mark, job.progress_at = {}, None, self.clock()
         log.info("started job %s as pid %d%s", spec.job_id, job.process.pid,
@@ -283,16 +636,32 @@ class JobManager:
             with contextlib.suppress(ProcessLookupError):
                 job.process.send_signal(sig)
 
-    def _ask_to_stop(self, job: ManagedJob) -> None:
-        if job.stopping_since is not None or not job.alive:
+    def _ask_to_stop(self, job: ManagedJob, grace_s: float | None = None) -> None:
+        if not job.alive:
+            return
+        kill_at = self.clock() + (self.stop_timeout_s if grace_s is None else grace_s)
+        if job.stopping_since is not None:
+            # Already asked (the mode stopped it): a migration may wait longer for it.
+            job.kill_at = max(job.kill_at or kill_at, kill_at)
             return
         # A frozen process would hold SIGTERM until it is thawed.
         if job.frozen:
             self._signal(job, signal.SIGCONT)
             job.frozen = False
         self._signal(job, signal.SIGTERM)
-        job.stopping_since = self.clock()
+        job.stopping_since, job.kill_at = self.clock(), kill_at
         log.info("stopping job %s (checkpoint, then exit)", job.spec.job_id)
+
+    def _enforce_kill(self, job: ManagedJob, now: float) -> None:
+        if (
+            job.kill_at is not None
+            and job.alive
+            and not job.killed
+            and now > job.kill_at
+        ):
+            log.warning("job %s ignored SIGTERM; killing it", job.spec.job_id)
+            self._signal(job, signal.SIGKILL)
+            job.killed = True
 
     # ------------------------------------------------------------ policy
 
@@ -308,21 +677,15 @@ class JobManager:
             return
         now = self.clock()
         for job in self.jobs:
-            if wanted(job.spec.kind, mode):
+            if job.held:
+                pass  # a long action decides about this job
+            elif wanted(job.spec.kind, mode):
                 if job.may_start and not job.alive:
                     self._spawn(job)
             elif job.alive:
                 self._ask_to_stop(job)
                 job.may_start = True  # the mode stopped it, so the mode brings it back
-            if (
-                job.stopping_since is not None
-                and job.alive
-                and not job.killed
-                and now - job.stopping_since > self.stop_timeout_s
-            ):
-                log.warning("job %s ignored SIGTERM; killing it", job.spec.job_id)
-                self._signal(job, signal.SIGKILL)
-                job.killed = True
+            self._enforce_kill(job, now)
         self._apply_hang(plan.hung_job)
 
     def _apply_hang(self, hang: bool) -> None:
@@ -347,14 +710,8 @@ class JobManager:
     # ------------------------------------------------------------ reading
 
     def _read_status(self, job: ManagedJob) -> None:
-        try:
-            status = json.loads((job.directory / STATUS_FILE).read_bytes())
-        except FileNotFoundError:
-            return
-        except (OSError, ValueError) as err:
-            log.warning("unreadable status of job %s: %s", job.spec.job_id, err)
-            return
-        if not isinstance(status, dict):
+        status = _read_json(job.directory / STATUS_FILE)
+        if status is None:
             return
         job.status = status
         mark = (status.get("pid"), status.get("step"))
@@ -366,7 +723,8 @@ class JobManager:
             if job.spawn_failed:
                 return "failed"
             # Not started yet (the first report goes out first), or kept down by the mode.
-            return "starting" if wanted(job.spec.kind, self._mode) else "stopped"
+            wants = wanted(job.spec.kind, self._mode) and not job.held
+            return "starting" if wants else "stopped"
         returncode = job.process.poll()
         if returncode is not None:
             # Whatever ends after we asked it to stop has stopped; anything else failed.
@@ -382,6 +740,12 @@ class JobManager:
             return "starting"
         return "running"
 
+    def _progress(self, job: ManagedJob) -> tuple[int, float]:
+        """(step, progress %) of a job: its process's, or where it stood before it started."""
+        if job.status.get("state") in (None, "starting"):
+            return job.baseline_step, job.baseline_progress
+        return _int(job.status.get("step")), _clamp(job.status.get("progress_pct"), 100.0)
+
     def snapshot(self, now: datetime) -> list[JobInfo]:
         """Every job as it is now, read from its process and its status file."""
         infos = []
@@ -394,7 +758,7 @@ class JobManager:
                     job_id=job.spec.job_id,
                     kind=job.spec.kind,
                     state=state,
-                    progress_pct=_clamp(job.status.get("progress_pct"), 100.0),
+                    progress_pct=self._progress(job)[1],
                     throughput=(
                         _clamp(job.status.get("throughput"), MAX_THROUGHPUT)
                         if state == "running"
@@ -408,6 +772,117 @@ class JobManager:
     def pids(self) -> dict[str, int]:
         """The pid of every job process that is still running."""
         return {j.spec.job_id: j.process.pid for j in self.jobs if j.process and j.alive}
+
+    # ------------------------------------------------------------ job actions
+
+    def _view(self, job: ManagedJob) -> JobView:
+        if job.process is not None:
+            self._read_status(job)
+        step, progress = self._progress(job)
+        return JobView(
+            job_id=job.spec.job_id, kind=job.spec.kind, state=self._state(job), step=step,
+            progress_pct=progress, gpu_indices=job.spec.gpu_indices,
+            memory_mib=job.spec.memory_mib, alive=job.alive, busy=job.held,
+        )
+
+    def views(self) -> list[JobView]:
+        return [self._view(job) for job in self.jobs]
+
+    def view(self, job_id: str) -> JobView | None:
+        job = self._find(job_id)
+        return None if job is None else self._view(job)
+
+    def checkpoint_file(self, job_id: str) -> Path | None:
+        return job_dir(self.state_dir, job_id) / CHECKPOINT_FILE
+
+    def add(self, record: JobRecord, *, step: int, progress_pct: float) -> None:
+        old = self._find(record.job_id)
+        if old is not None and old.process is not None and old.alive:
+            # The actions only replace a failed job; anything still running is stopped first.
+            self._signal(old, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                old.process.wait(timeout=1.0)
+        self.table.put(record)
+        job = self._managed(record, (step, progress_pct))
+        self.jobs = [j for j in self.jobs if j.spec.job_id != record.job_id] + [job]
+        log.info("job %s (%s) is now owned here, from step %d", record.job_id, record.kind, step)
+        self.reconcile(self._mode, self._plan)
+
+    def hold(self, job_id: str, grace_s: float) -> None:
+        job = self._find(job_id)
+        if job is None:
+            return
+        if not job.held:
+            job.held = True
+            job.run_after_hold = job.alive or job.may_start
+        self._ask_to_stop(job, grace_s)
+
+    def settled(self, job_id: str) -> bool:
+        job = self._find(job_id)
+        if job is None:
+            return True
+        # The report loop may be waiting out an hour-long interval: the kill is enforced here.
+        self._enforce_kill(job, self.clock())
+        return not job.alive
+
+    def release(self, job_id: str) -> None:
+        job = self._find(job_id)
+        if job is None or not job.held:
+            return
+        job.held = False
+        job.may_start = job.may_start or job.run_after_hold
+        self.reconcile(self._mode, self._plan)
+
+    def local_checkpoint(self, job_id: str) -> LocalCheckpoint:
+        job = self._find(job_id)
+        directory = job_dir(self.state_dir, job_id) if job is None else job.directory
+        if job is not None and job.process is not None:
+            self._read_status(job)
+        step, progress = self._progress(job) if job is not None else (0, 0.0)
+        # Not started by this agent (it restarted since): the last status is on disk.
+        status = (job.status if job is not None else {}) or (
+            _read_json(directory / STATUS_FILE) or {}
+        )
+        path = directory / CHECKPOINT_FILE
+        if not path.exists():
+            return LocalCheckpoint(None, step, progress)
+        # Imported here: numpy costs every agent process memory and start-up time, and only
+        # an agent exporting a checkpoint needs it.
+        from agent.ml.train import checkpoint_step
+
+        try:
+            step = checkpoint_step(path)
+        except (OSError, ValueError) as err:
+            # A checkpoint nobody can resume from moves as no checkpoint: a fresh start
+            # beats a job that fails on its next node.
+            log.error("job %s: unreadable checkpoint %s (%s)", job_id, path, err)
+            return LocalCheckpoint(None, step, progress)
+        # The checkpoint may be older than the last status (a killed job): its own step counts.
+        total = _int(status.get("total_steps"))
+        if total:
+            progress = min(100.0, 100.0 * step / total)
+        return LocalCheckpoint(path, step, progress)
+
+    def forget(self, job_id: str) -> None:
+        job = self._find(job_id)
+        self.table.remove(job_id)
+        if job is None:
+            return
+        if job.process is not None and job.alive:
+            log.warning("job %s still runs as it is given up; killing it", job_id)
+            self._signal(job, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                job.process.wait(timeout=1.0)
+        (job.directory / PID_FILE).unlink(missing_ok=True)
+        self.jobs.remove(job)
+        log.info("job %s is no longer owned here", job_id)
+
+    def resize(self, job_id: str, gpu_indices: tuple[int, ...], memory_mib: int) -> None:
+        job = self._find(job_id)
+        if job is None:
+            return
+        job.spec = dataclasses.replace(job.spec, gpu_indices=gpu_indices, memory_mib=memory_mib)
+        self.table.put(job.spec.record)
 
     # ------------------------------------------------------------ shutdown
 

@@ -2,7 +2,9 @@
 
 Replay protection only holds if it survives a restart: executed command ids with their
 results, the last accepted seq and the highest epoch are written with synchronous=FULL, in
-the same transaction as the node mode (or report interval) they change.
+the same transaction as the node mode (or report interval) they change. A long action
+(a migration) is journaled as accepted ("unknown", "in_progress") when it starts, and its row
+is completed when it ends; one an agent restart interrupted ends as failed "interrupted".
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import cast
-from uuid import UUID
+from uuid import UUID, uuid4
 
+from agent.effects import IN_PROGRESS
 from schemas.events.v1 import CommandResult, NodeMode
 
 JOURNAL_FILE = "journal.sqlite3"
@@ -149,6 +152,48 @@ class Journal:
             if interval_s is not None:
                 self._set_interval(interval_s)
         return True
+
+    def complete(self, result: CommandResult) -> bool:
+        """Replace a long action's in-progress mark by its result; False if it had none."""
+        with self._transaction():
+            updated = self._db.execute(
+                "UPDATE commands SET outcome = ?, reason = ?, result_json = ?"
+                " WHERE command_id = ? AND outcome = 'unknown' AND reason = ?",
+                (result.outcome, result.reason, result.model_dump_json(),
+                 str(result.command_id), IN_PROGRESS),
+            ).rowcount
+        return bool(updated)
+
+    def in_progress(self) -> list[UUID]:
+        """The long actions journaled as accepted and not finished."""
+        rows = self._db.execute(
+            "SELECT command_id FROM commands WHERE outcome = 'unknown' AND reason = ?",
+            (IN_PROGRESS,),
+        ).fetchall()
+        return [UUID(row[0]) for row in rows]
+
+    def interrupt_in_progress(self, now: datetime, reason: str = "interrupted") -> list[UUID]:
+        """Fail every long action left in progress (by an agent that stopped or died)."""
+        interrupted = []
+        with self._transaction():
+            rows = self._db.execute(
+                "SELECT result_json FROM commands WHERE outcome = 'unknown' AND reason = ?",
+                (IN_PROGRESS,),
+            ).fetchall()
+            for (body,) in rows:
+                pending = CommandResult.model_validate_json(body)
+                failed = pending.model_copy(
+                    update={"event_id": uuid4(), "occurred_at": now, "outcome": "failed",
+                            "reason": reason}
+                )
+                self._db.execute(
+                    "UPDATE commands SET outcome = ?, reason = ?, result_json = ?"
+                    " WHERE command_id = ?",
+                    (failed.outcome, failed.reason, failed.model_dump_json(),
+                     str(failed.command_id)),
+                )
+                interrupted.append(failed.command_id)
+        return interrupted
 
     def set_mode(self, mode: NodeMode) -> None:
         """Set the node mode outside a command (operator tooling, tests)."""

@@ -13,6 +13,8 @@ from services.shared.settings import ServiceSettings
 IDENTIFIER_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"
 JOB_NAMES = ("train", "infer")
 SIMULATED_JOBS = "sim"
+SIMULATED_PREFIX = "sim:"
+CHECKPOINTS_DIR = "checkpoints"
 
 
 class AgentSettings(ServiceSettings):
@@ -42,7 +44,15 @@ class AgentSettings(ServiceSettings):
     jobs: str = Field(
         default="train,infer",
         description="Comma-separated ML jobs to run as child processes (train, infer), "
-        "'' for none, or 'sim' for simulated jobs that start no process (large fleets).",
+        "'' for none (a standby node), or 'sim' for simulated jobs that start no process "
+        "(large fleets); 'sim:<jobs>' simulates only those ('sim:' none: a simulated "
+        "standby node, whose migrated-in jobs are simulated too).",
+    )
+    # One directory every node of the fleet reads and writes: migrate_job exports a job's
+    # checkpoint there, start_job on the next node resumes from it.
+    checkpoint_store: Path | None = Field(
+        default=None,
+        description="The shared checkpoint store; default <WARDEN_STATE_DIR>/checkpoints.",
     )
     hung_after_s: float = Field(
         default=30.0, gt=0.0, le=3_600.0, description="A job without progress this long is hung."
@@ -60,20 +70,40 @@ class AgentSettings(ServiceSettings):
     @field_validator("jobs")
     @classmethod
     def _known_jobs(cls, value: str) -> str:
-        names = [part.strip() for part in value.split(",") if part.strip()]
-        if names == [SIMULATED_JOBS]:
+        text = value.strip()
+        simulated = text.startswith(SIMULATED_PREFIX)
+        if simulated:
+            text = text.removeprefix(SIMULATED_PREFIX)
+        names = [part.strip() for part in text.split(",") if part.strip()]
+        if names == [SIMULATED_JOBS] and not simulated:
             return SIMULATED_JOBS
         unknown = sorted(set(names) - set(JOB_NAMES))
         if unknown:
-            raise ValueError(f"unknown jobs {unknown}; expected some of {JOB_NAMES} or 'sim'")
+            raise ValueError(
+                f"unknown jobs {unknown}; expected some of {JOB_NAMES}, 'sim' or 'sim:<jobs>'"
+            )
         # Each job once, in a fixed order: the job ids are derived from the names.
-        return ",".join(name for name in JOB_NAMES if name in names)
+        listed = ",".join(name for name in JOB_NAMES if name in names)
+        return f"{SIMULATED_PREFIX}{listed}" if simulated else listed
+
+    @property
+    def simulated(self) -> bool:
+        """Whether the node's jobs are simulated (no processes)."""
+        return self.jobs == SIMULATED_JOBS or self.jobs.startswith(SIMULATED_PREFIX)
 
     def job_names(self) -> list[str]:
-        """The ML jobs to run as processes (empty for 'sim' and for none)."""
-        if self.jobs == SIMULATED_JOBS:
+        """The ML jobs to run as processes (empty for simulated jobs and for none)."""
+        if self.simulated:
             return []
         return [name for name in self.jobs.split(",") if name]
+
+    def simulated_job_names(self) -> list[str]:
+        """The ML jobs to simulate ('sim' is every job; empty when jobs are processes)."""
+        if self.jobs == SIMULATED_JOBS:
+            return list(JOB_NAMES)
+        if not self.simulated:
+            return []
+        return [name for name in self.jobs.removeprefix(SIMULATED_PREFIX).split(",") if name]
 
     @field_validator("trusted_keys", mode="before")
     @classmethod
@@ -87,6 +117,12 @@ class AgentSettings(ServiceSettings):
         if self.agent_state_dir is not None:
             return self.agent_state_dir
         return Path(self.state_dir) / "agents" / self.node_id
+
+    def checkpoint_store_dir(self) -> Path:
+        """The shared checkpoint store."""
+        if self.checkpoint_store is not None:
+            return self.checkpoint_store
+        return Path(self.state_dir) / CHECKPOINTS_DIR
 
     def service_name(self) -> str:
         """The agent's service name (client id, consumer group, telemetry)."""

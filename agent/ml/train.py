@@ -13,6 +13,7 @@ import logging
 import math
 import sys
 import time
+import zipfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from io import BytesIO
@@ -182,6 +183,15 @@ class Trainer:
             trainer.loss_ema = float(saved["loss_ema"])
             trainer.rng.bit_generator.state = json.loads(str(saved["rng_state"]))
         return trainer
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step a checkpoint file was saved at (raises OSError or ValueError if unreadable)."""
+    try:
+        with np.load(path, allow_pickle=False) as saved:
+            return int(saved["step"])
+    except (KeyError, zipfile.BadZipFile) as err:
+        raise ValueError(f"{path} is not a training checkpoint: {err}") from err
 
 
 # ---------------------------------------------------------------- the job process

@@ -261,12 +261,15 @@ class OnlineNode(Strict):
 
 
 class MigrateJob(Strict):
-    """Checkpoint a job, stop it on its node and start it from the checkpoint elsewhere."""
+    """Move a job out of its node: checkpoint it (acknowledged within `checkpoint_timeout_s`),
+    stop it, and publish the checkpoint to the shared store; `start_job` brings it back up
+    on `to_node_id`."""
 
     action: Literal["migrate_job"] = "migrate_job"
     node_id: Identifier
     job_id: Identifier
     to_node_id: Identifier | None = None
+    checkpoint_timeout_s: Annotated[float, Field(gt=0.0, le=3_600.0)] = 20.0
 
 
 class StartJob(Strict):
@@ -275,7 +278,10 @@ class StartJob(Strict):
     action: Literal["start_job"] = "start_job"
     node_id: Identifier
     job_id: Identifier
-    checkpoint: Identifier | None = None
+    kind: Literal["training", "inference"] = "training"
+    checkpoint: Identifier | None = Field(
+        default=None, description="A checkpoint in the shared store to resume from."
+    )
 
 
 class StopJob(Strict):
@@ -327,9 +333,7 @@ class Cancel(Strict):
     command_id: UUID
 
 
-# The allow-list of what the centre may ask an agent to do; anything else is rejected by the
-# discriminator before any handler runs.
-Action = Annotated[
+AgentAction = (
     DrainNode
     | UndrainNode
     | OfflineNode
@@ -341,9 +345,11 @@ Action = Annotated[
     | SetReportInterval
     | ProbeNode
     | QueryStatus
-    | Cancel,
-    Field(discriminator="action"),
-]
+    | Cancel
+)
+# The allow-list of what the centre may ask an agent to do; anything else is rejected by the
+# discriminator before any handler runs.
+Action = Annotated[AgentAction, Field(discriminator="action")]
 ActionName = Literal[
     "drain_node",
     "undrain_node",
@@ -360,12 +366,87 @@ ActionName = Literal[
 ]
 
 
+# ---------------------------------------------------------------- centre actions
+#
+# Steps an agent cannot carry out alone: the executor carries them out itself, through the
+# capacity provider or by splitting the step into child tasks. They are never sent to a node.
+
+
+class AddCapacity(Strict):
+    """Add nodes to a pool from the capacity provider.
+
+    `nodes` 0 lets the step compute the count just before it runs, from measured capacity:
+    enough to bring the pool back to the middle of its range.
+    """
+
+    action: Literal["add_capacity"] = "add_capacity"
+    pool: Identifier
+    nodes: Annotated[int, Field(ge=0, le=64)] = 0
+
+
+class RemoveCapacity(Strict):
+    """Remove nodes from a pool: one child task per node (drain, migrate its jobs, release).
+
+    `nodes` 0 lets the step compute the count from measured capacity.
+    """
+
+    action: Literal["remove_capacity"] = "remove_capacity"
+    pool: Identifier
+    nodes: Annotated[int, Field(ge=0, le=64)] = 0
+
+
+class MigrateJobs(Strict):
+    """Move jobs: one child task per job (migrate_job out of its node, start_job elsewhere).
+
+    With `node_id` every job of that node moves; without, jobs move from the most loaded
+    nodes of the pool to the least loaded (a rebalance), at most `max_jobs` of them.
+    """
+
+    action: Literal["migrate_jobs"] = "migrate_jobs"
+    pool: Identifier
+    node_id: Identifier | None = None
+    max_jobs: Annotated[int, Field(ge=1, le=64)] = 8
+
+
+class ReleaseNode(Strict):
+    """Hand a drained, emptied node back to the capacity provider (which stops it)."""
+
+    action: Literal["release_node"] = "release_node"
+    node_id: Identifier
+
+
+CENTRE_ACTIONS: frozenset[str] = frozenset(
+    {"add_capacity", "remove_capacity", "migrate_jobs", "release_node"}
+)
+
+# What a step may do: an agent command, or a centre action.
+StepAction = Annotated[
+    AgentAction | AddCapacity | RemoveCapacity | MigrateJobs | ReleaseNode,
+    Field(discriminator="action"),
+]
+StepActionName = ActionName | Literal[
+    "add_capacity", "remove_capacity", "migrate_jobs", "release_node"
+]
+
+# Conditions re-checked on fresh state just before a step runs; a step whose guard does not
+# hold is skipped, with the reason, instead of acting on a stale plan.
+Guard = Literal[
+    "pool_above_range",  # the pool's utilisation is above its range
+    "pool_below_range",  # the pool's utilisation is below its range
+    "nodes_out_of_range",  # some up node of the pool is outside the node range
+    "node_has_jobs",  # the step's node still runs jobs
+]
+
+
 class Step(Strict):
     """One typed step of a task's plan."""
 
     index: StepIndex
     name: Identifier
-    action: Action
+    action: StepAction
+    guard: Guard | None = Field(
+        default=None, description="Checked on fresh state just before the step runs."
+    )
     timeout_s: Annotated[float, Field(gt=0.0, le=86_400.0)] = 60.0
     max_attempts: Annotated[int, Field(ge=1, le=10)] = 3
 
@@ -379,6 +460,11 @@ class OpsTask(Envelope):
     need_id: UUID
     need_kind: NeedKind
     template: Identifier
+    action_type: Identifier | None = Field(
+        default=None,
+        description="What the task does, for breakers, budgets and rate limits "
+        "(e.g. migrate); None: the need kind.",
+    )
     pool: Identifier = "default"
     target: Identifier
     priority: Priority
@@ -388,6 +474,11 @@ class OpsTask(Envelope):
     dry_run: bool = False
     steps: list[Step] = Field(min_length=1, max_length=64)
     evidence: list[Evidence] = Field(default_factory=list, max_length=32)
+
+    @property
+    def kind(self) -> str:
+        """The action type the task counts as (its breaker, budget and rate limit)."""
+        return self.action_type or self.need_kind
 
     @model_validator(mode="after")
     def _steps_in_order(self) -> OpsTask:

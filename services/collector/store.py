@@ -17,22 +17,25 @@ from services.shared.redis_client import Keys, members, text
 #  * a redelivery of the last applied report answers 'replay' with the same previous state,
 #    so the caller republishes the same (deterministically identified) events after a crash;
 #  * a report not newer than the last applied one (per-node sequence) answers 'old';
-#  * otherwise the node hash is updated, its next heartbeat check scheduled, the pool's
-#    aggregate (nodes per state, utilisation sum of the up nodes) moved from the old state
-#    to the new, and the node's per-minute utilisation history extended when a minute ends.
+#  * otherwise the node hash is updated (with the node's mode, GPU count and a compact list of
+#    its jobs, which the centre plans migrations and capacity from), its next heartbeat check
+#    scheduled, the pool's aggregate (nodes per state, utilisation sum of the up nodes) moved
+#    from the old state to the new, the pool's member index (pool-nodes: up node -> its
+#    utilisation) kept so that a node is a member exactly while its state is up, and the
+#    node's per-minute utilisation history extended when a minute ends.
 # KEYS[1] is the cluster set; then two keys per report (node hash, heartbeat schedule).
-# ARGV[1] is the key prefix (aggregate, registry and history keys are derived from it, which
-# needs a single Redis or hash-tagged keys), ARGV[2] '1' if registration is required,
-# ARGV[3] the history length in minutes, ARGV[4] the probe period (a node's first report
-# schedules its first centre probe); then 11 values per report. Each report answers three
-# values: outcome, previous state, and the node's count of consecutive failed probes.
+# ARGV[1] is the key prefix (aggregate, registry, pool-nodes and history keys are derived from
+# it, which needs a single Redis or hash-tagged keys), ARGV[2] '1' if registration is
+# required, ARGV[3] the history length in minutes, ARGV[4] the probe period (a node's first
+# report schedules its first centre probe); then 15 values per report. Each report answers
+# three values: outcome, previous state, and the node's count of consecutive failed probes.
 APPLY_REPORTS = """
 local P, require_registered, history_len = ARGV[1], ARGV[2] == '1', tonumber(ARGV[3])
 local probe_period = tonumber(ARGV[4])
 local out = {}
 local n = (#KEYS - 1) / 2
 for i = 0, n - 1 do
-  local node, due, a = KEYS[2 + 2 * i], KEYS[3 + 2 * i], 4 + 11 * i
+  local node, due, a = KEYS[2 + 2 * i], KEYS[3 + 2 * i], 4 + 15 * i
   local cluster, node_id, pool = ARGV[a + 10], ARGV[a + 8], ARGV[a + 4]
   if require_registered and redis.call('SISMEMBER', P .. 'registry:' .. cluster, node_id) == 0
   then
@@ -61,9 +64,14 @@ for i = 0, n - 1 do
     end
     local agg = P .. 'pool:' .. cluster .. ':' .. pool
     redis.call('HINCRBY', agg, 'n_' .. state, 1)
+    local members = P .. 'pool-nodes:' .. cluster .. ':'
+    if prev == 'up' and (state ~= 'up' or old[3] ~= pool) then
+      redis.call('ZREM', members .. old[3], node_id)
+    end
     if state == 'up' then
       redis.call('HINCRBYFLOAT', agg, 'util_sum', util)
       redis.call('HINCRBY', agg, 'util_n', 1)
+      redis.call('ZADD', members .. pool, util, node_id)
     end
     redis.call('SADD', P .. 'pools:' .. cluster, pool)
     local minute = math.floor(tonumber(ARGV[a + 2]) / 60)
@@ -79,7 +87,9 @@ for i = 0, n - 1 do
       'state', state, 'pool', pool, 'interval_s', ARGV[a + 5],
       'gpu_util', ARGV[a + 6], 'fault_count', ARGV[a + 7], 'node_id', node_id,
       'last_event_id', ARGV[a + 9], 'prev_state', prev,
-      'minute', minute, 'minute_sum', msum, 'minute_n', mn)
+      'minute', minute, 'minute_sum', msum, 'minute_n', mn,
+      'mode', ARGV[a + 12], 'gpus', ARGV[a + 13], 'jobs', ARGV[a + 14],
+      'job_count', ARGV[a + 15])
     redis.call('ZADD', due, ARGV[a + 11], node_id)
     redis.call('ZADD', P .. 'probe-due:' .. cluster, 'NX', tonumber(ARGV[a + 2]) + probe_period,
       node_id)
@@ -92,11 +102,11 @@ end
 return out
 """
 
-# Moves a silent node to `suspect` or `down`, only if no report arrived since the sweep read it.
 # Moves a silent node to `suspect` or `down` and schedules its next check (ARGV[3], or ''
 # for none), only if no report arrived since the sweep read it (a report reschedules itself),
-# moving it between states in its pool's aggregate (KEYS[3]) too. A node in a state the
-# heartbeat does not track (offline) leaves the schedule.
+# moving it between states in its pool's aggregate (KEYS[3]) too, and out of the pool's up
+# members (KEYS[4]) when it leaves up. A node in a state the heartbeat does not track
+# (offline) leaves the schedule.
 MARK_SILENT = """
 if redis.call('HGET', KEYS[1], 'last_report_at') ~= ARGV[1] then return false end
 local state = redis.call('HGET', KEYS[1], 'state') or ''
@@ -117,9 +127,45 @@ if state == 'up' then
   local util = tonumber(redis.call('HGET', KEYS[1], 'gpu_util'))
   redis.call('HINCRBYFLOAT', KEYS[3], 'util_sum', -util)
   redis.call('HINCRBY', KEYS[3], 'util_n', -1)
+  redis.call('ZREM', KEYS[4], ARGV[4])
 end
 return state
 """
+
+# Forgets a node that left the cluster for good (a standby node the capacity provider
+# released): its state leaves the pool's aggregate and member index, its schedules and its
+# history go, so a node that no longer exists is not counted as down for ever. KEYS: node
+# hash, heartbeat schedule, probe schedule, history; ARGV: key prefix, cluster, node id.
+# Answers the state the node had ('' if none was known).
+FORGET_NODE = """
+redis.call('ZREM', KEYS[2], ARGV[3])
+redis.call('ZREM', KEYS[3], ARGV[3])
+redis.call('DEL', KEYS[4])
+local f = redis.call('HMGET', KEYS[1], 'state', 'pool', 'gpu_util')
+if not f[1] then
+  redis.call('DEL', KEYS[1])
+  return ''
+end
+local agg = ARGV[1] .. 'pool:' .. ARGV[2] .. ':' .. f[2]
+redis.call('HINCRBY', agg, 'n_' .. f[1], -1)
+if f[1] == 'up' then
+  redis.call('HINCRBYFLOAT', agg, 'util_sum', -tonumber(f[3]))
+  redis.call('HINCRBY', agg, 'util_n', -1)
+  redis.call('ZREM', ARGV[1] .. 'pool-nodes:' .. ARGV[2] .. ':' .. f[2], ARGV[3])
+end
+redis.call('DEL', KEYS[1])
+return f[1]
+"""
+
+# A node's jobs as the node hash keeps them: "job_id:kind:state" joined by commas (job ids
+# are identifiers, so neither separator can occur in one). Bounded, so a node reporting a
+# thousand jobs does not grow every report's write; `job_count` keeps the true number.
+JOBS_LISTED = 64
+
+
+def compact_jobs(report: NodeReport) -> str:
+    """A report's jobs in the node hash's compact form (at most JOBS_LISTED of them)."""
+    return ",".join(f"{j.job_id}:{j.kind}:{j.state}" for j in report.jobs[:JOBS_LISTED])
 
 
 @dataclass(frozen=True)
@@ -154,6 +200,7 @@ class NodeStore:
         self.history_minutes = history_minutes
         self._apply = redis.register_script(APPLY_REPORTS)
         self._mark = redis.register_script(MARK_SILENT)
+        self._forget = redis.register_script(FORGET_NODE)
 
     async def apply_reports(
         self, reports: list[tuple[NodeReport, NodeStateName, float]], suspect_after: float
@@ -181,6 +228,10 @@ class NodeStore:
                 str(report.event_id),
                 report.cluster_id,
                 f"{report.occurred_at.timestamp() + report.interval_s * suspect_after:.6f}",
+                report.mode,
+                len(report.gpus),
+                compact_jobs(report),
+                len(report.jobs),
             ]
         flat = await self._apply(keys=keys, args=args)
         return [
@@ -217,12 +268,21 @@ class NodeStore:
         """Set the state of a silent node; returns the previous state if it changed."""
         prev = await self._mark(
             keys=[self.keys.node(cluster, row.node_id), self.keys.heartbeat_due(cluster),
-                  self.keys.pool(cluster, row.pool)],
+                  self.keys.pool(cluster, row.pool), self.keys.pool_nodes(cluster, row.pool)],
             args=[row.last_report_at, new_state,
                   "" if next_check is None else f"{next_check:.6f}", row.node_id,
                   *sorted(from_states)],
         )
         return prev.decode() if prev else None
+
+    async def forget(self, cluster: str, node: str) -> NodeStateName | None:
+        """Drop a node that left the cluster for good; returns the state it had, if any."""
+        state = text(await self._forget(
+            keys=[self.keys.node(cluster, node), self.keys.heartbeat_due(cluster),
+                  self.keys.probe_due(cluster), self.keys.history(cluster, node)],
+            args=[self.keys.prefix, cluster, node],
+        ))
+        return cast(NodeStateName, state) if state else None
 
     async def try_lock_sweep(self, name: str, ttl_s: float) -> bool:
         """One sweep per tick across every collector instance."""

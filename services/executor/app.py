@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from faststream import FastStream
 
-from schemas.events.v1 import CommandResult, TaskScheduled
+from schemas.events.v1 import CommandResult, TaskControl, TaskScheduled
 from schemas.topics import Topic, topic_name
 from services.executor.handlers import Executor
 from services.executor.journal import Journal
@@ -23,6 +23,10 @@ from services.shared.telemetry import setup_telemetry
 
 
 def create_app(settings: ExecutorSettings | None = None) -> FastStream:
+    # The concrete centre (cluster view, capacity provider) is imported here only: the
+    # handlers know it through the CentreActions port.
+    from services.executor.centre import build_centre
+
     settings = settings or ExecutorSettings()
     telemetry = setup_telemetry("executor")
     broker, _ = make_broker(settings, "executor", telemetry)
@@ -30,7 +34,8 @@ def create_app(settings: ExecutorSettings | None = None) -> FastStream:
     keys = Keys(settings.namespace)
     signer = local_signer(settings.signing_key, settings.state_dir)
     executor = Executor(settings, Journal(redis, keys), signer,
-                        EventBus(broker, settings.namespace), redis, keys)
+                        EventBus(broker, settings.namespace), redis, keys,
+                        build_centre(settings, redis, keys))
     limit = settings.max_message_bytes
     broker.subscriber(
         topic_name(Topic.OPS_TASKS_SCHEDULED, settings.namespace),
@@ -42,6 +47,13 @@ def create_app(settings: ExecutorSettings | None = None) -> FastStream:
         decoder=strict_decoder(CommandResult, limit),
         **consumer_options(group_name(settings, "executor-results")),
     )(executor.on_result)
+    broker.subscriber(
+        topic_name(Topic.OPS_TASK_CONTROL, settings.namespace),
+        decoder=strict_decoder(TaskControl, limit),
+        **consumer_options(group_name(settings, "executor-control")),
+    )(executor.on_control)
+    # Startup recovery (status queries for commands left unanswered) runs in the first
+    # sweep, not as a starter: starters run before the broker can publish.
     return build_app(
         broker, settings,
         loops=[("deadline-sweep", settings.deadline_sweep_interval_s, executor.sweep_deadlines)],

@@ -7,7 +7,7 @@ from services.shared.settings import ServiceSettings
 
 
 class ExecutorSettings(ServiceSettings):
-    """Signing key, command lifetime and how often step deadlines are checked."""
+    """Signing key, command lifetime, deadlines, retries and recovery."""
 
     model_config = SettingsConfigDict(env_prefix="EXECUTOR_", extra="ignore", frozen=True)
 
@@ -17,3 +17,28 @@ class ExecutorSettings(ServiceSettings):
     )
     command_ttl_s: float = Field(default=120.0, gt=0.0, le=300.0)
     deadline_sweep_interval_s: float = Field(default=1.0, gt=0.0)
+    backoff_base_s: float = Field(
+        default=1.0, gt=0.0, le=3_600.0,
+        description="Delay before the 2nd attempt of a step; doubled for each later one.",
+    )
+    backoff_max_s: float = Field(default=30.0, gt=0.0, le=86_400.0,
+                                 description="The longest delay between two attempts.")
+    status_query_timeout_s: float = Field(
+        default=10.0, gt=0.0, le=300.0,
+        description="How long an agent has to answer a status query about a late command.",
+    )
+    max_status_queries: int = Field(
+        default=3, ge=1, le=20,
+        description="Status queries (or centre re-runs) per attempt before it times out; "
+        "each 'in progress' answer extends the deadline by the step's timeout.",
+    )
+    start_grace_s: float = Field(
+        default=10.0, gt=0.0, le=3_600.0,
+        description="A scheduled step not started within this (its starter died) is "
+        "started by the sweep.",
+    )
+    lock_margin_s: float = Field(
+        default=600.0, ge=0.0,
+        description="Added to a task's worst-case run time for the TTL of locks taken again "
+        "on retry or resume (as the scheduler does at dispatch).",
+    )

@@ -9,6 +9,7 @@ from schemas.topics import Topic, topic_name
 from services.scheduler.breaker_store import BreakerStore
 from services.scheduler.handlers import Scheduler
 from services.scheduler.queue import TaskQueue
+from services.scheduler.rate_limit import RateLimiter
 from services.scheduler.safety_store import SafetyStore
 from services.scheduler.settings import SchedulerSettings
 from services.shared.messaging import (
@@ -31,7 +32,8 @@ def create_app(settings: SchedulerSettings | None = None) -> FastStream:
     keys = Keys(settings.namespace)
     scheduler = Scheduler(settings, TaskQueue(redis, keys), EventBus(broker, settings.namespace),
                           BreakerStore(redis, keys, settings.breaker_config),
-                          SafetyStore(redis, keys, settings.pool_health_ttl_s))
+                          SafetyStore(redis, keys, settings.pool_health_ttl_s),
+                          RateLimiter(redis, keys, settings.rate_per_s, settings.rate_burst))
     broker.subscriber(
         topic_name(Topic.OPS_TASKS, settings.namespace),
         decoder=strict_decoder(OpsTask, settings.max_message_bytes),

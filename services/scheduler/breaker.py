@@ -3,6 +3,9 @@
 A COUNT_BASED window of the last outcomes trips the breaker on a failure rate or on a run of
 consecutive failures (RELIABILITY.md §3.6). Disruptive action types stay OPEN until an
 audited admin reset; the others get one half-open trial after a wait.
+
+The action type is `OpsTask.kind` (a child task's action type, else its need kind). With the
+node scope a breaker covers one kind on one target, named `<kind>@<target>`.
 """
 
 from __future__ import annotations
@@ -13,9 +16,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 Status = Literal["CLOSED", "OPEN", "HALF_OPEN"]
 
-# What a task's need kind does to a cluster: anything that drains, migrates or removes a node
-# is disruptive, so a breaker of that kind is never closed by a trial run.
-DEFAULT_DISRUPTIVE_KINDS: tuple[str, ...] = ("offline", "scale_in", "load_balance")
+# What a task's kind does to a cluster: anything that drains, migrates or removes a node is
+# disruptive, so a breaker of that kind is never closed by a trial run. `migrate` and
+# `remove_node` are the action types of the child tasks that move jobs and remove nodes.
+DEFAULT_DISRUPTIVE_KINDS: tuple[str, ...] = (
+    "offline", "scale_in", "load_balance", "migrate", "remove_node")
+
+BreakerScope = Literal["cluster", "node"]
+# Not a character of an Identifier, so a breaker name splits back into kind and target.
+SCOPE_SEPARATOR = "@"
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
@@ -67,6 +76,20 @@ class Decision(BaseModel):
     allowed: bool
     reason: str
     half_open_trial: bool = False
+
+
+def breaker_name(kind: str, target: str, scope: BreakerScope) -> str:
+    """The breaker a task of `kind` on `target` counts against, within its cluster.
+
+    Per node, one bad node trips only its own breaker, so a fleet-wide fault still needs many
+    nodes to fail before automation of the kind stops everywhere: that is the trade-off.
+    """
+    return f"{kind}{SCOPE_SEPARATOR}{target}" if scope == "node" else kind
+
+
+def kind_of(name: str) -> str:
+    """The task kind of a breaker name (`offline@node-1` -> `offline`)."""
+    return name.partition(SCOPE_SEPARATOR)[0]
 
 
 def _opened(state: BreakerState, now: float) -> BreakerState:
@@ -125,6 +148,18 @@ def begin_trial(state: BreakerState, task_id: str, now: float) -> BreakerState:
     """The state once `task_id` was admitted as the half-open trial."""
     return state.model_copy(update={"status": "HALF_OPEN", "trial_task": task_id,
                                     "trial_at": now})
+
+
+def release_trial(state: BreakerState, task_id: str) -> BreakerState:
+    """The state once `task_id` will not be the trial after all: it ended without an outcome
+    that counts (the agent refused it), or a later limit (budget, rate) held it in the queue.
+
+    If it was the half-open trial the breaker goes back to open, keeping when it opened, so the
+    next task is offered a trial at once instead of after the half-open limit.
+    """
+    if state.status != "HALF_OPEN" or state.trial_task != task_id:
+        return state
+    return state.model_copy(update={"status": "OPEN", "trial_task": "", "trial_at": None})
 
 
 def reset(state: BreakerState) -> BreakerState:

@@ -1,8 +1,9 @@
-"""Breakers in Redis: one hash per (cluster, action type), changed only by compare-and-set.
+"""Breakers in Redis: one hash per (cluster, breaker name), changed only by compare-and-set.
 
 The policy stays in `breaker`; a change is read, computed there, and written by a Lua script
 only if the hash's version is still the one read. Two schedulers racing for the single
 half-open trial therefore cannot both win: the loser sees a new version and reads again.
+A breaker name is a task kind, or `<kind>@<target>` with the node scope (see `breaker`).
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
 from schemas.events.v1 import OpsTask
 from services.scheduler import breaker
 from services.scheduler.breaker import BreakerConfig, BreakerState, Decision, Outcome
+from services.shared.audit import AuditLog, AuditRecord, Role, VersionedWrite
 from services.shared.redis_client import Keys, text
 
 log = logging.getLogger("clusterwarden.scheduler.breaker")
@@ -60,6 +63,24 @@ class BreakerUnreadable(Exception):
     """The breaker's hash could not be read or parsed."""
 
 
+@dataclass(frozen=True)
+class BreakerReset:
+    """An audited reset: the state before and after, and its audit entry."""
+
+    before: BreakerState
+    after: BreakerState
+    record: AuditRecord
+
+
+@dataclass(frozen=True)
+class TaskIndex:
+    """What a task's outcome is counted against: its cluster, kind and target."""
+
+    cluster: str
+    kind: str
+    target: str
+
+
 def encode(state: BreakerState) -> list[str]:
     """The state as hash field/value pairs (readable with HGETALL)."""
     fields = {
@@ -100,14 +121,22 @@ class BreakerStore:
                  clock: Callable[[], float] = time.time) -> None:
         self.redis = redis
         self.keys = keys
-        self.config_for = config_for
+        self._config_for_kind = config_for
         self.clock = clock
         self._cas = redis.register_script(CAS)
         self._release = redis.register_script(RELEASE)
         self._requeue = redis.register_script(REQUEUE)
 
+    def config_for(self, name: str) -> BreakerConfig:
+        """The limits of breaker `name`: those of its task kind, whatever the scope."""
+        return self._config_for_kind(breaker.kind_of(name))
+
     def key(self, cluster: str, kind: str) -> str:
-        return f"{self.keys.prefix}breaker:{cluster}:{kind}"
+        return f"{self._key_prefix()}{cluster}:{kind}"
+
+    def _key_prefix(self) -> str:
+        # `breaker:` and not `breaker-`, so a scan for breakers finds none of the helper keys.
+        return f"{self.keys.prefix}breaker:"
 
     def _dedupe_key(self, task_id: str) -> str:
         return f"{self.keys.prefix}breaker-recorded:{task_id}"
@@ -172,31 +201,68 @@ class BreakerStore:
                 return state, after
         raise BreakerUnreadable(f"breaker {cluster}/{kind} kept changing; retry later")
 
-    async def reset(self, cluster: str, kind: str, actor: str, reason: str) -> BreakerState:
-        """An admin's reset, appended to the audit list with who, when and why."""
+    async def release_trial(self, cluster: str, kind: str, task_id: str) -> bool:
+        """Give up the half-open trial if `task_id` held it; True if it did.
+
+        For a trial that will not report an outcome the breaker counts (the agent rejected
+        its command, or the task went back to the queue): without this the breaker would
+        wait out the half-open limit for it.
+        """
+        for _ in range(CAS_ATTEMPTS):
+            state, version = await self.load(cluster, kind)
+            after = breaker.release_trial(state, task_id)
+            if after == state:
+                return False
+            if await self._write(cluster, kind, version, after) == 1:
+                log.warning("breaker %s/%s: trial %s not counted; back to open",
+                            cluster, kind, task_id)
+                return True
+        raise BreakerUnreadable(f"breaker {cluster}/{kind} kept changing; retry later")
+
+    async def reset(self, cluster: str, kind: str, actor: str, reason: str, audit: AuditLog,
+                    role: Role = "admin") -> BreakerReset:
+        """An admin's reset and its audit entry, written together or not at all."""
         for _ in range(CAS_ATTEMPTS):
             state, version = await self.load(cluster, kind)
             after = breaker.reset(state)
-            if await self._write(cluster, kind, version, after) == 1:
-                entry = {"at": self.clock(), "actor": actor, "reason": reason,
-                         "breaker": f"{cluster}/{kind}", "from": state.status}
-                await self.redis.rpush(
-                    f"{self.keys.prefix}breaker-audit", json.dumps(entry))
-                log.warning("breaker %s/%s reset by %s: %s", cluster, kind, actor, reason)
-                return after
+            record = await audit.append_guarded(
+                actor=actor, role=role, action="breaker_reset", target=f"{cluster}/{kind}",
+                reason=reason, result=f"{state.status} -> {after.status}",
+                guard=VersionedWrite(self.key(cluster, kind), version, encode(after)),
+            )
+            if record is not None:
+                log.warning("breaker %s/%s reset by %s (%s -> %s): %s", cluster, kind, actor,
+                            state.status, after.status, reason)
+                return BreakerReset(state, after, record)
         raise BreakerUnreadable(f"breaker {cluster}/{kind} kept changing; retry later")
 
-    async def remember_task(self, task: OpsTask) -> None:
-        """Index task id -> (cluster, kind), for outcome events that do not carry the kind."""
-        await self.redis.set(self._task_key(str(task.task_id)),
-                             f"{task.cluster_id} {task.need_kind}", ex=TASK_INDEX_TTL_S)
+    async def states(self) -> list[tuple[str, str, BreakerState | None]]:
+        """Every breaker stored: (cluster, name, state or None if unreadable), sorted."""
+        prefix = self._key_prefix()
+        found: list[tuple[str, str, BreakerState | None]] = []
+        async for raw_key in self.redis.scan_iter(match=f"{prefix}*", count=500):
+            cluster, _, name = text(raw_key)[len(prefix):].partition(":")
+            try:
+                state: BreakerState | None = (await self.load(cluster, name))[0]
+            except BreakerUnreadable:
+                state = None
+            found.append((cluster, name, state))
+        return sorted(found, key=lambda row: (row[0], row[1]))
 
-    async def task_kind(self, task_id: str) -> tuple[str, str] | None:
+    async def remember_task(self, task: OpsTask) -> None:
+        """Index task id -> (cluster, kind, target), for outcome events that carry neither."""
+        await self.redis.set(self._task_key(str(task.task_id)),
+                             f"{task.cluster_id} {task.kind} {task.target}",
+                             ex=TASK_INDEX_TTL_S)
+
+    async def task_index(self, task_id: str) -> TaskIndex | None:
         raw = await self.redis.get(self._task_key(task_id))
         if raw is None:
             return None
-        cluster, _, kind = text(raw).partition(" ")
-        return cluster, kind
+        # Identifiers hold no spaces; an entry from before targets were indexed has none.
+        cluster, _, rest = text(raw).partition(" ")
+        kind, _, target = rest.partition(" ")
+        return TaskIndex(cluster, kind, target)
 
     async def alerted(self, cluster: str, kind: str, openings: int) -> bool:
         return bool(await self.redis.exists(self.alert_key(cluster, kind, openings)))

@@ -1,8 +1,17 @@
-"""Scheduler handlers: tasks in, queued; a dispatcher loop hands them to the executor."""
+"""Scheduler handlers: tasks in, queued; a dispatcher loop hands them to the executor.
+
+Before a claimed task is dispatched it passes, in this order: its breaker, the pool's
+short-circuit, the pool's offline budget (budgeted kinds) and its kind's rate limit
+(rate-limited kinds). All of them key on `task.kind`. A task refused anywhere waits in the
+queue; a place in the budget taken for it is given back if the rate limit then refuses.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import logging
+from dataclasses import dataclass, field
+from typing import Literal
 from uuid import NAMESPACE_URL, uuid4, uuid5
 
 from schemas.events.v1 import (
@@ -16,9 +25,10 @@ from schemas.events.v1 import (
 )
 from schemas.topics import Topic
 from services.scheduler import policy, safety
-from services.scheduler.breaker import BreakerState, Outcome
-from services.scheduler.breaker_store import BreakerStore
+from services.scheduler.breaker import BreakerState, Outcome, breaker_name
+from services.scheduler.breaker_store import BreakerReset, BreakerStore
 from services.scheduler.queue import TaskQueue
+from services.scheduler.rate_limit import RateLimiter
 from services.scheduler.safety import Verdict
 from services.scheduler.safety_store import SafetyStore
 from services.scheduler.settings import SchedulerSettings
@@ -28,9 +38,53 @@ log = logging.getLogger("clusterwarden.scheduler")
 SOURCE = "scheduler"
 _IDS = uuid5(NAMESPACE_URL, "clusterwarden/task-events")
 _ALERT_IDS = uuid5(NAMESPACE_URL, "clusterwarden/breaker-alerts")
+_RESET_IDS = uuid5(NAMESPACE_URL, "clusterwarden/breaker-resets")
 FINAL_OUTCOMES: frozenset[TaskState] = frozenset({"succeeded", "failed"})
 # A terminated task fed no outcome to its breaker, but its node is back in the budget.
 FINAL_STATES: frozenset[TaskState] = FINAL_OUTCOMES | {"terminated"}
+# The executor's `cause` of a failure the agent refused before doing anything (a precondition,
+# a stale command): it says nothing about whether the adjustment works, so no breaker counts it.
+REJECTED = "rejected"
+IDENTIFIER_MAX = 128
+
+# "trial": admitted as the breaker's half-open trial; "counted": admitted and counted in the
+# pool's budget by this call. Both are undone if a later limit holds the task back.
+BreakerAdmission = Literal["refused", "admitted", "trial"]
+PoolAdmission = Literal["refused", "admitted", "counted"]
+
+
+def dedup_key(*parts: str) -> str:
+    """An alert's dedup key (an Identifier) from identifiers and breaker names.
+
+    `@` (the node scope's separator) is not allowed in an Identifier, and two 128-character
+    ids would be too long: a long key keeps its start and ends in a hash of the whole.
+    """
+    joined = ".".join(parts).replace("@", ".")
+    if len(joined) <= IDENTIFIER_MAX:
+        return joined
+    digest = hashlib.sha256(joined.encode()).hexdigest()[:16]
+    return f"{joined[:IDENTIFIER_MAX - 17]}.{digest}"
+
+
+def reset_alert(cluster: str, name: str, reset: BreakerReset, source: str) -> Alert:
+    """The info alert that says who reset a breaker and why (one per audit entry)."""
+    entry = reset.record.entry
+    key = dedup_key("breaker-reset", cluster, name, str(entry.seq))
+    return Alert(
+        event_id=uuid5(_RESET_IDS, reset.record.hash), source=source, occurred_at=now_utc(),
+        cluster_id=cluster, subject=key, severity="info", kind="breaker_reset", dedup_key=key,
+        message=(f"breaker {name} on {cluster} reset by {entry.actor} "
+                 f"({reset.before.status} -> {reset.after.status}): {entry.reason}")[:256],
+    )
+
+
+@dataclass
+class Tick:
+    """What one dispatcher tick learnt: a breaker or a bucket that said no says no all tick."""
+
+    held: list[str] = field(default_factory=list)
+    blocked_breakers: set[tuple[str, str]] = field(default_factory=set)
+    empty_buckets: set[tuple[str, str]] = field(default_factory=set)
 
 
 def task_event(task: OpsTask, state: TaskState, previous: TaskState | None, reason: str,
@@ -49,12 +103,18 @@ class Scheduler:
     """Queues every task once and dispatches the most urgent task whose targets are free."""
 
     def __init__(self, settings: SchedulerSettings, queue: TaskQueue, bus: EventBus,
-                 breakers: BreakerStore, safety_store: SafetyStore) -> None:
+                 breakers: BreakerStore, safety_store: SafetyStore,
+                 rate_limiter: RateLimiter) -> None:
         self.settings = settings
         self.queue = queue
         self.bus = bus
         self.breakers = breakers
         self.safety = safety_store
+        self.rate_limiter = rate_limiter
+
+    def breaker_of(self, task: OpsTask) -> str:
+        """The name of the breaker `task` counts against in its cluster."""
+        return breaker_name(task.kind, task.target, self.settings.breaker_scope)
 
     async def on_task(self, task: OpsTask) -> None:
         # Indexed before queueing, so the task's outcome can always be tied to its breaker.
@@ -76,33 +136,26 @@ class Scheduler:
         if reaped := await self.queue.reap(now_ms):
             log.warning("requeued %d task(s) whose dispatcher did not finish", reaped)
         lease_ms = int(self.settings.lease_s * 1000)
-        held: list[str] = []
+        tick = Tick()
         try:
-            await self._dispatch_claimed(now_ms, lease_ms, held)
+            await self._dispatch_claimed(now_ms, lease_ms, tick)
         finally:
             # Held out of the ready queue until now, so one blocked task cannot be claimed
             # over and over in a tick; if this fails, the lease ends and the reaper requeues.
-            for task_id in held:
+            for task_id in tick.held:
                 await self.breakers.requeue(task_id)
 
-    async def _dispatch_claimed(self, now_ms: int, lease_ms: int, held: list[str]) -> None:
-        """Claim and dispatch until nothing is free; tasks a breaker refuses go to `held`."""
-        blocked: set[tuple[str, str]] = set()
+    async def _dispatch_claimed(self, now_ms: int, lease_ms: int, tick: Tick) -> None:
+        """Claim and dispatch until nothing is free; tasks refused go to `tick.held`."""
         for _ in range(100):
             claimed = await self.queue.claim(now_ms, lease_ms, self.settings.scan_limit)
             if claimed is None:
                 return
             task = claimed.task
-            if not (await self._breaker_admits(task, blocked)
-                    and await self._pool_admits(task)):
+            if not await self._admits(task, now_ms, tick):
                 await self.breakers.release_claim(task)
-                held.append(str(task.task_id))
+                tick.held.append(str(task.task_id))
                 continue
-            if task.need_kind == "offline":
-                # Counted before the dispatch is published: a crash in between over-counts
-                # (safe, the entry lapses) rather than letting the pool lose one node too many.
-                await self.safety.add_in_flight(
-                    task, now_ms / 1000 + policy.lock_ttl_s(task, self.settings.lock_margin_s))
             epoch = await self.queue.next_epoch()
             # The transition first: once the executor has the task it publishes `running`,
             # and the task's events must arrive in the order they happened.
@@ -121,16 +174,40 @@ class Scheduler:
                 ),
             )
             await self.queue.ack(str(task.task_id))
-            log.info("dispatched task %s with epoch %d", task.task_id, epoch)
+            log.info("dispatched task %s (%s) with epoch %d", task.task_id, task.kind, epoch)
 
-    async def _breaker_admits(self, task: OpsTask, blocked: set[tuple[str, str]]) -> bool:
-        """Ask the task's breaker (once per tick for a breaker that said no)."""
-        key = (task.cluster_id, task.need_kind)
-        if key in blocked:
+    async def _admits(self, task: OpsTask, now_ms: int, tick: Tick) -> bool:
+        """Every limit a task must pass before it is dispatched (see the module docstring)."""
+        breaker = await self._breaker_admits(task, tick.blocked_breakers)
+        if breaker == "refused":
             return False
+        # A bucket found empty this tick stays empty: no budget round trip to learn it again.
+        pool: PoolAdmission = "refused"
+        if (task.cluster_id, task.kind) not in tick.empty_buckets:
+            pool = await self._pool_admits(task, now_ms)
+        if pool != "refused" and await self._rate_admits(task, tick.empty_buckets):
+            return True
+        if pool == "counted":
+            # Counted before the rate limit was asked, so no other scheduler could take the
+            # place meanwhile; given back now as the task waits. A crash before this line
+            # over-counts until the entry lapses: safe.
+            await self.safety.release_in_flight(task)
+        if breaker == "trial":
+            # A trial that waits in the queue reports nothing: give it up, so the breaker
+            # offers the next task a trial instead of waiting out the half-open limit.
+            await self.breakers.release_trial(task.cluster_id, self.breaker_of(task),
+                                              str(task.task_id))
+        return False
+
+    async def _breaker_admits(self, task: OpsTask,
+                              blocked: set[tuple[str, str]]) -> BreakerAdmission:
+        """Ask the task's breaker (once per tick for a breaker that said no)."""
+        key = (task.cluster_id, self.breaker_of(task))
+        if key in blocked:
+            return "refused"
         decision, state = await self.breakers.admit(*key, str(task.task_id))
         if decision.allowed:
-            return True
+            return "trial" if decision.half_open_trial else "admitted"
         blocked.add(key)
         log.warning("task %s held back by breaker %s/%s: %s", task.task_id, *key,
                     decision.reason)
@@ -138,36 +215,81 @@ class Scheduler:
             # Also here, not only where the breaker opened: an alert lost to a crash there is
             # raised by the next task the breaker holds back.
             await self.alert_open(*key, state)
-        return False
+        return "refused"
 
-    async def _pool_admits(self, task: OpsTask) -> bool:
-        """The pool's short-circuit, then (for offline tasks) its offline budget."""
+    async def _pool_admits(self, task: OpsTask, now_ms: int) -> PoolAdmission:
+        """The pool's short-circuit, then (for budgeted kinds) its offline budget.
+
+        The budget is checked and the task counted in one atomic step ("counted"), so two
+        schedulers cannot both take the pool's last place.
+        """
         now = now_utc()
+        budgeted = task.kind in self.settings.budget_kinds
         try:
             health = await self.safety.load_health(task.cluster_id, task.pool)
-            in_flight = (await self.safety.in_flight(task.cluster_id, task.pool, now.timestamp())
-                         if task.need_kind == "offline" else 0)
             target_state = (await self.safety.node_state(task.cluster_id, task.target)
-                            if task.need_kind == "offline" else None)
+                            if budgeted else None)
         except Exception as err:
-            # Fail closed: without the pool's health or its in-flight count nothing runs.
+            # Fail closed: without the pool's health nothing runs.
             log.warning("task %s held back: pool safety state unreadable: %r",
                         task.task_id, err)
-            return False
+            return "refused"
         verdict = safety.short_circuit(
-            health, task.need_kind, now, self.settings.pool_health_max_age_s,
+            health, task.kind, now, self.settings.pool_health_max_age_s,
             self.settings.short_circuit_unhealthy_fraction,
             self.settings.breaker_disruptive_kinds)
-        if verdict.allowed and task.need_kind == "offline":
-            verdict = safety.admits_offline(
-                health, in_flight, self.settings.offline_budget_fraction,
-                target_not_ready=target_state in safety.NOT_READY_STATES)
-        if verdict.allowed:
-            return True
+        if not verdict.allowed:
+            await self._pool_refused(task, verdict)
+            return "refused"
+        if not budgeted:
+            return "admitted"
+        if health is None:
+            await self._pool_refused(task, Verdict(allowed=False,
+                                                   reason=safety.NO_HEALTH_BUDGET))
+            return "refused"
+        capacity = safety.budget_capacity(
+            health, self.settings.offline_budget_fraction,
+            target_not_ready=target_state in safety.NOT_READY_STATES)
+        lapses_at_s = now_ms / 1000 + policy.lock_ttl_s(task, self.settings.lock_margin_s)
+        try:
+            admission = await self.safety.admit_in_flight(task, capacity, lapses_at_s,
+                                                          now.timestamp())
+        except Exception as err:
+            log.warning("task %s held back: offline budget unreadable: %r", task.task_id, err)
+            return "refused"
+        if not admission.admitted:
+            await self._pool_refused(task, safety.budget_used_up(task.pool,
+                                                                 admission.in_flight))
+            return "refused"
+        return "counted" if admission.outcome == "counted" else "admitted"
+
+    async def _pool_refused(self, task: OpsTask, verdict: Verdict) -> None:
         log.warning("task %s held back by pool %s/%s: %s", task.task_id, task.cluster_id,
                     task.pool, verdict.reason)
         if verdict.alert:
             await self.alert_short_circuit(task.cluster_id, task.pool, verdict)
+
+    async def _rate_admits(self, task: OpsTask, empty: set[tuple[str, str]]) -> bool:
+        """Take a token of the task's kind if the kind is rate limited."""
+        if task.kind not in self.settings.rate_limited_kinds:
+            return True
+        key = (task.cluster_id, task.kind)
+        if key in empty:
+            return False
+        try:
+            decision = await self.rate_limiter.take(*key)
+        except Exception as err:
+            # Fail closed, like every other limit.
+            log.warning("task %s held back: rate limit %s/%s unreadable: %r",
+                        task.task_id, *key, err)
+            empty.add(key)
+            return False
+        if decision.allowed:
+            return True
+        empty.add(key)
+        # Info, not warning: waiting for a token is the limit working as meant.
+        log.info("task %s held back by rate limit %s/%s: next token in %.1f s",
+                 task.task_id, *key, decision.retry_after_s)
         return False
 
     async def alert_short_circuit(self, cluster: str, pool: str, verdict: Verdict) -> None:
@@ -175,10 +297,10 @@ class Scheduler:
         ttl_s = self.settings.short_circuit_alert_ttl_s
         if not await self.safety.start_alert_episode(cluster, pool, ttl_s):
             return
-        dedup_key = f"short-circuit.{cluster}.{pool}"
+        key = dedup_key("short-circuit", cluster, pool)
         await self.bus.publish(Topic.OPS_ALERTS, Alert(
             event_id=uuid4(), source=SOURCE, occurred_at=now_utc(), cluster_id=cluster,
-            subject=dedup_key, severity="critical", kind="short_circuit", dedup_key=dedup_key,
+            subject=key, severity="critical", kind="short_circuit", dedup_key=key,
             message=f"automation held back on pool {pool}: {verdict.reason}"[:256],
         ))
         await self.safety.mark_alerted(cluster, pool, ttl_s)
@@ -189,46 +311,69 @@ class Scheduler:
         await self.safety.save_health(health)
 
     async def on_task_event(self, event: TaskEvent) -> None:
-        """Feed a task's final outcome to the breaker of its cluster and need kind."""
+        """Feed a task's final outcome to its breaker (agent rejections excepted)."""
         if event.state in FINAL_STATES:
             # Idempotent: a replayed final event finds the task no longer counted.
             await self.safety.finish(str(event.task_id), event.occurred_at.timestamp())
         if event.state not in FINAL_OUTCOMES:
             return
         task_id = str(event.task_id)
-        kind = event.outputs.get("need_kind")
-        cluster = event.cluster_id
-        if not isinstance(kind, str):
-            indexed = await self.breakers.task_kind(task_id)
-            if indexed is None:
-                log.warning("outcome of task %s not counted: its need kind is unknown", task_id)
-                return
-            cluster, kind = indexed
+        where = await self._breaker_of_event(event)
+        if where is None:
+            return
+        cluster, name = where
+        if event.state == "failed" and event.outputs.get("cause") == REJECTED:
+            log.info("outcome of task %s not counted by breaker %s/%s: the agent rejected "
+                     "its command (%s)", task_id, cluster, name, event.reason)
+            await self.breakers.release_trial(cluster, name, task_id)
+            return
         recorded = await self.breakers.record(
-            cluster, kind, Outcome(task_id=task_id, failed=event.state == "failed"))
+            cluster, name, Outcome(task_id=task_id, failed=event.state == "failed"))
         if recorded is None:
             return  # a redelivered event, already counted
         before, after = recorded
         if after.status != before.status:
-            log.warning("breaker %s/%s %s -> %s after task %s %s", cluster, kind,
+            log.warning("breaker %s/%s %s -> %s after task %s %s", cluster, name,
                         before.status, after.status, task_id, event.state)
         if after.status == "OPEN":
-            await self.alert_open(cluster, kind, after)
+            await self.alert_open(cluster, name, after)
 
-    async def alert_open(self, cluster: str, kind: str, state: BreakerState) -> None:
+    async def _breaker_of_event(self, event: TaskEvent) -> tuple[str, str] | None:
+        """(cluster, breaker name) of a final event's task, or None if it cannot be told.
+
+        The index written when the task was queued is preferred: it alone knows the target,
+        which the node scope needs. Without it the executor's outputs name the kind.
+        """
+        task_id = str(event.task_id)
+        index = await self.breakers.task_index(task_id)
+        if index is not None:
+            cluster, kind, target = index.cluster, index.kind, index.target
+        else:
+            named = event.outputs.get("kind", event.outputs.get("need_kind"))
+            if not isinstance(named, str):
+                log.warning("outcome of task %s not counted: its kind is unknown", task_id)
+                return None
+            cluster, kind, target = event.cluster_id, named, ""
+        if self.settings.breaker_scope == "node" and not target:
+            log.warning("outcome of task %s not counted: its target is unknown (node-scoped "
+                        "breakers)", task_id)
+            return None
+        return cluster, breaker_name(kind, target, self.settings.breaker_scope)
+
+    async def alert_open(self, cluster: str, name: str, state: BreakerState) -> None:
         """Raise the breaker-open alert once per opening (publish, then remember)."""
-        if await self.breakers.alerted(cluster, kind, state.openings):
+        if await self.breakers.alerted(cluster, name, state.openings):
             return
-        dedup_key = f"breaker.{cluster}.{kind}"
+        key = dedup_key("breaker", cluster, name)
         # The event id is fixed per opening, so two schedulers racing here publish one alert
         # as far as any deduplicating consumer is concerned.
         await self.bus.publish(Topic.OPS_ALERTS, Alert(
-            event_id=uuid5(_ALERT_IDS, f"{dedup_key}:{state.openings}"),
-            source=SOURCE, occurred_at=now_utc(), cluster_id=cluster, subject=dedup_key,
-            severity="critical", kind="breaker_open", dedup_key=dedup_key,
-            message=(f"circuit breaker for {kind} on {cluster} is open after "
+            event_id=uuid5(_ALERT_IDS, f"{key}:{state.openings}"),
+            source=SOURCE, occurred_at=now_utc(), cluster_id=cluster, subject=key,
+            severity="critical", kind="breaker_open", dedup_key=key,
+            message=(f"circuit breaker for {name} on {cluster} is open after "
                      f"{sum(state.window)} failure(s) in the last {len(state.window)}; "
-                     f"automation of {kind} is stopped"),
+                     f"automation of {name} is stopped")[:256],
         ))
-        await self.breakers.mark_alerted(cluster, kind, state.openings)
-        log.warning("alert: breaker %s/%s open (opening %d)", cluster, kind, state.openings)
+        await self.breakers.mark_alerted(cluster, name, state.openings)
+        log.warning("alert: breaker %s/%s open (opening %d)", cluster, name, state.openings)

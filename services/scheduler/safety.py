@@ -1,6 +1,7 @@
 """Pool safety limits: the short-circuit and the offline budget (RELIABILITY.md §3.6).
 
-Pure decisions: the pool's latest health and the time are passed in.
+Pure decisions: the pool's latest health and the time are passed in. The budget's in-flight
+count lives in Redis; `budget_capacity` gives the limit its atomic admission compares with.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from services.scheduler.breaker import DEFAULT_DISRUPTIVE_KINDS
 DEFAULT_UNHEALTHY_FRACTION = 0.40
 DEFAULT_MAX_AGE_S = 60.0
 DEFAULT_BUDGET_FRACTION = 0.10
+NO_HEALTH_BUDGET = "no pool health: budget unknown"
 
 # Nodes automation has taken (or is taking) out of service, and nodes not ready for work:
 # the `offline` and `notready` terms of the Karpenter budget formula.
@@ -33,12 +35,12 @@ class Verdict(BaseModel):
     alert: bool = False
 
 
-def short_circuit(health: PoolHealth | None, need_kind: str, now: datetime,
+def short_circuit(health: PoolHealth | None, kind: str, now: datetime,
                   max_age_s: float = DEFAULT_MAX_AGE_S,
                   max_unhealthy: float = DEFAULT_UNHEALTHY_FRACTION,
                   disruptive_kinds: tuple[str, ...] = DEFAULT_DISRUPTIVE_KINDS) -> Verdict:
     """Refuse disruptive work in a sick pool, and all work when every node looks sick."""
-    disruptive = need_kind in disruptive_kinds
+    disruptive = kind in disruptive_kinds
     if health is None:
         # Fail closed: without a health report we cannot tell a healthy pool from a dying one.
         # The analyzer publishes every pool period, so this only delays work briefly.
@@ -59,39 +61,48 @@ def short_circuit(health: PoolHealth | None, need_kind: str, now: datetime,
     if disruptive and health.unhealthy_fraction > max_unhealthy:
         return Verdict(allowed=False, alert=True,
                        reason=f"{health.unhealthy_fraction:.0%} of pool {health.pool} unhealthy "
-                              f"(> {max_unhealthy:.0%}): no automatic {need_kind}")
+                              f"(> {max_unhealthy:.0%}): no automatic {kind}")
     return Verdict(allowed=True)
 
 
-def offline_budget(health: PoolHealth, in_flight_offline: int,
-                   fraction: float = DEFAULT_BUDGET_FRACTION) -> int:
-    """Nodes automation may still take offline: roundup(fraction * nodes) - offline - notready.
+def budget_capacity(health: PoolHealth, fraction: float = DEFAULT_BUDGET_FRACTION,
+                    target_not_ready: bool = False) -> int:
+    """How many budgeted tasks may be in flight in the pool at once (may be 0 or less).
 
-    `in_flight_offline` (dispatched offline tasks not yet finished) is taken off too, since
-    their nodes may not show as draining yet; never below 0.
+    roundup(fraction * nodes) - offline - notready (the Karpenter formula). A target that is
+    itself suspect or down is already counted among the not-ready nodes: taking it offline
+    removes no working capacity, so it is given back (otherwise, in a pool under 10 nodes, a
+    dead node would block its own repair).
     """
     states = health.nodes_by_state
     out = sum(states.get(s, 0) for s in OUT_OF_SERVICE_STATES)
     not_ready = sum(states.get(s, 0) for s in NOT_READY_STATES)
     # Rounded before ceil so 0.1 * 30 is 3, not 4 by float error.
     allowed = math.ceil(round(fraction * health.nodes_total, 9))
-    return max(0, allowed - out - not_ready - in_flight_offline)
+    return allowed - out - not_ready + (1 if target_not_ready else 0)
+
+
+def offline_budget(health: PoolHealth, in_flight_offline: int,
+                   fraction: float = DEFAULT_BUDGET_FRACTION) -> int:
+    """Nodes automation may still take offline: roundup(fraction * nodes) - offline - notready.
+
+    `in_flight_offline` (dispatched budgeted tasks not yet finished) is taken off too, since
+    their nodes may not show as draining yet; never below 0.
+    """
+    return max(0, budget_capacity(health, fraction) - in_flight_offline)
 
 
 def admits_offline(health: PoolHealth | None, in_flight_offline: int,
                    fraction: float = DEFAULT_BUDGET_FRACTION,
                    target_not_ready: bool = False) -> Verdict:
-    """Whether one more offline task fits the pool's budget.
-
-    A target that is itself suspect or down is already counted among the not-ready nodes:
-    taking it offline removes no working capacity, so it does not spend the budget again
-    (otherwise, in a pool under 10 nodes, a dead node would block its own repair).
-    """
+    """Whether one more budgeted task fits the pool's budget (see `budget_capacity`)."""
     if health is None:
-        return Verdict(allowed=False, reason="no pool health: budget unknown")
-    # The target's own not-ready count is given back before the budget is clamped at 0.
-    budget = offline_budget(health, in_flight_offline - (1 if target_not_ready else 0), fraction)
-    if budget > 0:
+        return Verdict(allowed=False, reason=NO_HEALTH_BUDGET)
+    if in_flight_offline < budget_capacity(health, fraction, target_not_ready):
         return Verdict(allowed=True)
-    return Verdict(allowed=False, reason=f"offline budget of pool {health.pool} used up "
-                                         f"({in_flight_offline} in flight)")
+    return budget_used_up(health.pool, in_flight_offline)
+
+
+def budget_used_up(pool: str, in_flight: int) -> Verdict:
+    return Verdict(allowed=False, reason=f"offline budget of pool {pool} used up "
+                                         f"({in_flight} in flight)")

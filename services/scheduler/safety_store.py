@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 from redis.asyncio import Redis
 
 from schemas.events.v1 import OpsTask, PoolHealth
@@ -11,12 +14,36 @@ from services.shared.redis_client import Keys, text
 # a final event arrives within hours, not weeks.
 INDEX_TTL_S = 7 * 24 * 3_600
 
-# ZADD only if the id is new, so a redispatch after a crash keeps the first deadline.
-ADD_IN_FLIGHT = """
-redis.call('ZADD', KEYS[1], 'NX', ARGV[2], ARGV[1])
-redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4])
-return 1
+# The budget check and the in-flight count in one step: two schedulers admitting tasks of the
+# same pool cannot both see the last free place. KEYS[1] in-flight ZSET, KEYS[2] the task's
+# index key; ARGV[1] task id, ARGV[2] capacity (see safety.budget_capacity), ARGV[3] when the
+# entry lapses, ARGV[4] now (epoch s), ARGV[5] index value, ARGV[6] index TTL (s).
+# Returns {2 already counted | 1 counted now | 0 refused, tasks in flight}.
+# A task already counted (redispatched after a crash) keeps its place and its first deadline.
+ADMIT_IN_FLIGHT = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[4])
+local count = redis.call('ZCARD', KEYS[1])
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return {2, count} end
+if count >= tonumber(ARGV[2]) then return {0, count} end
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+redis.call('SET', KEYS[2], ARGV[5], 'EX', ARGV[6])
+return {1, count + 1}
 """
+
+Admission = Literal["counted", "already_counted", "refused"]
+_ADMISSIONS: dict[int, Admission] = {1: "counted", 2: "already_counted", 0: "refused"}
+
+
+@dataclass(frozen=True)
+class BudgetAdmission:
+    """The outcome of one atomic budget admission, and the in-flight count it saw."""
+
+    outcome: Admission
+    in_flight: int
+
+    @property
+    def admitted(self) -> bool:
+        return self.outcome != "refused"
 
 
 class SafetyUnreadable(Exception):
@@ -30,7 +57,7 @@ class SafetyStore:
         self.redis = redis
         self.keys = keys
         self.health_ttl_s = health_ttl_s
-        self._add = redis.register_script(ADD_IN_FLIGHT)
+        self._admit = redis.register_script(ADMIT_IN_FLIGHT)
 
     async def node_state(self, cluster: str, node: str) -> str | None:
         """The node's state as the collector keeps it (None if unknown)."""
@@ -81,14 +108,26 @@ class SafetyStore:
         except Exception as err:
             raise SafetyUnreadable(repr(err)) from err
 
-    async def add_in_flight(self, task: OpsTask, lapses_at_s: float) -> None:
-        """Count a dispatched offline task against its pool's budget (idempotent)."""
-        await self._add(
+    async def admit_in_flight(self, task: OpsTask, capacity: int, lapses_at_s: float,
+                              now_s: float) -> BudgetAdmission:
+        """Count the task against its pool's budget if fewer than `capacity` are in flight.
+
+        Lapsed entries (tasks whose end was never seen) are dropped first.
+        """
+        outcome, count = await self._admit(
             keys=[self.in_flight_key(task.cluster_id, task.pool),
                   self._task_key(str(task.task_id))],
-            args=[str(task.task_id), lapses_at_s, f"{task.cluster_id} {task.pool}",
-                  INDEX_TTL_S],
+            args=[str(task.task_id), capacity, repr(lapses_at_s), repr(now_s),
+                  f"{task.cluster_id} {task.pool}", INDEX_TTL_S],
         )
+        return BudgetAdmission(_ADMISSIONS[int(outcome)], int(count))
+
+    async def release_in_flight(self, task: OpsTask) -> None:
+        """Give back a place counted for a task that was then not dispatched after all."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.zrem(self.in_flight_key(task.cluster_id, task.pool), str(task.task_id))
+            pipe.delete(self._task_key(str(task.task_id)))
+            await pipe.execute()
 
     async def finish(self, task_id: str, now_s: float) -> bool:
         """Stop counting a task that ended; True if it was counted (a replay is a no-op)."""

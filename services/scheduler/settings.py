@@ -4,7 +4,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from services.scheduler import safety
-from services.scheduler.breaker import DEFAULT_DISRUPTIVE_KINDS, BreakerConfig
+from services.scheduler.breaker import DEFAULT_DISRUPTIVE_KINDS, BreakerConfig, BreakerScope
 from services.shared.settings import ServiceSettings
 
 
@@ -33,7 +33,29 @@ class SchedulerSettings(ServiceSettings):
     breaker_max_half_open_s: float = Field(default=1_800.0, gt=0.0, le=86_400.0)
     breaker_disruptive_kinds: tuple[str, ...] = Field(
         default=DEFAULT_DISRUPTIVE_KINDS,
-        description="Need kinds whose breaker only an admin reset closes.",
+        description="Task kinds whose breaker only an admin reset closes; also the kinds the "
+                    "pool short-circuit holds back.",
+    )
+    breaker_scope: BreakerScope = Field(
+        default="cluster",
+        description="cluster: one breaker per (cluster, kind); node: one per (cluster, kind, "
+                    "target), so one bad node cannot stop a kind everywhere.",
+    )
+
+    rate_per_s: float = Field(
+        default=0.1, gt=0.0, le=1_000.0,
+        description="Tokens a second of each rate-limited kind per cluster (k8s eviction rate).",
+    )
+    rate_burst: int = Field(default=2, ge=1, le=1_000,
+                            description="Tasks of a rate-limited kind that may start at once.")
+    rate_limited_kinds: tuple[str, ...] = Field(
+        default=("offline", "scale_in", "remove_node"),
+        description="Task kinds that take a token; one finding none waits in the queue.",
+    )
+    budget_kinds: tuple[str, ...] = Field(
+        default=("offline", "remove_node"),
+        description="Task kinds that take a node out of service: they spend the pool's "
+                    "offline budget.",
     )
 
     short_circuit_unhealthy_fraction: float = Field(
@@ -56,7 +78,7 @@ class SchedulerSettings(ServiceSettings):
     )
 
     def breaker_config(self, kind: str) -> BreakerConfig:
-        """The breaker limits for tasks of need kind `kind`."""
+        """The breaker limits for tasks of kind `kind` (`OpsTask.kind`)."""
         return BreakerConfig(
             window=self.breaker_window, min_calls=self.breaker_min_calls,
             failure_rate_pct=self.breaker_failure_rate_pct,

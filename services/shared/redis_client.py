@@ -127,3 +127,41 @@ class Keys:
 
     def sweep_lock(self, name: str) -> str:
         return f"{self.prefix}sweep:{name}"
+
+    # -------------------------------------------------------- action in depth (issue 4)
+
+    def pool_nodes(self, cluster: str, pool: str) -> str:
+        """ZSET node -> GPU utilisation of the pool's up nodes (kept by the collector)."""
+        return f"{self.prefix}pool-nodes:{cluster}:{pool}"
+
+    def capacity_nodes(self, cluster: str, pool: str) -> str:
+        """HASH node -> JSON of a node the capacity provider added to a pool."""
+        return f"{self.prefix}capacity:{cluster}:{pool}"
+
+    def capacity_request(self, request_id: str) -> str:
+        """The outcome of one capacity request (JSON), so a repeated request does nothing."""
+        return f"{self.prefix}capacity-req:{request_id}"
+
+    def children(self, parent_task_id: str, step: int) -> str:
+        """SET of the child task ids a parent's step waits for."""
+        return f"{self.prefix}children:{parent_task_id}:{step}"
+
+    def child_outcomes(self, parent_task_id: str, step: int) -> str:
+        """HASH child task id -> its final state."""
+        return f"{self.prefix}child-outcomes:{parent_task_id}:{step}"
+
+    def workflow_retries(self) -> str:
+        """ZSET task id -> when its failed step is retried (backoff), epoch ms."""
+        return f"{self.prefix}wf:retries"
+
+    def workflow_controls(self, task_id: str) -> str:
+        """HASH of operator controls that arrived before the workflow did (e.g. pause)."""
+        return f"{self.prefix}wf-control:{task_id}"
+
+    def rate_bucket(self, cluster: str, kind: str) -> str:
+        """HASH token bucket of disruptive actions of one kind in a cluster."""
+        return f"{self.prefix}rate:{cluster}:{kind}"
+
+    def audit_log(self) -> str:
+        """STREAM of audited operator actions (hash-chained entries)."""
+        return f"{self.prefix}audit"

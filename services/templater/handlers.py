@@ -9,7 +9,7 @@ from schemas.events.v1 import NeedKind, OpsNeed, TaskEvent, now_utc
 from schemas.topics import Topic
 from services.shared.errors import PermanentError
 from services.shared.messaging import EventBus
-from services.templater.templates import Template, plan
+from services.templater.templates import PlanError, Template, plan
 
 log = logging.getLogger("clusterwarden.templater")
 SOURCE = "templater"
@@ -29,7 +29,11 @@ class Templater:
         if template is None:
             raise PermanentError("unknown_template", f"no template serves need {need.kind!r}")
         now = now_utc()
-        task = plan(template, need, now, SOURCE, dry_run=self.dry_run)
+        try:
+            task = plan(template, need, now, SOURCE, dry_run=self.dry_run)
+        except PlanError as err:
+            # The same need would fail the same way on every redelivery: dead-letter it.
+            raise PermanentError("plan_failed", str(err)) from err
         # `created` first: the task store must know a task before any later transition.
         await self.bus.publish(
             Topic.OPS_TASK_EVENTS,
@@ -43,4 +47,5 @@ class Templater:
             ),
         )
         await self.bus.publish(Topic.OPS_TASKS, task)
-        log.info("task %s (%s) for %s", task.task_id, task.template, task.target)
+        log.info("task %s (%s) for %s%s", task.task_id, task.template, task.target,
+                 " (dry run)" if task.dry_run else "")

@@ -1,107 +1,466 @@
-"""Task templates: YAML files validated on load, and the pure planning of a task from a need."""
+"""Task templates: YAML files validated on load, the registry by need, and pure planning.
+
+A template is checked completely when it is loaded, with placeholder values standing in for
+the need: every step's action and arguments against `StepAction`, every placeholder, every
+guard. A typo stops the templater at start with the file and the field named, instead of
+failing a task at 3 a.m.
+"""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, get_args
 from uuid import NAMESPACE_URL, uuid5
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
-from schemas.events.v1 import Action, ActionName, NeedKind, OpsNeed, OpsTask, Step
+from schemas.events.v1 import (
+    Guard,
+    NeedKind,
+    OpsNeed,
+    OpsTask,
+    Step,
+    StepAction,
+    StepActionName,
+)
+from services.templater.locks import Exclusion, execution_key, slot_of
+from services.templater.placeholders import (
+    NEED_FIELDS,
+    ArgValue,
+    Scalar,
+    placeholders,
+    render,
+    render_text,
+    unknown_placeholders,
+)
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 _IDS = uuid5(NAMESPACE_URL, "clusterwarden/templater")
-_ACTION = TypeAdapter[Action](Action)
+_STEP_ACTION = TypeAdapter[StepAction](StepAction)
+# The scheduler's limit on the locks of one task (OpsTask.mutex_keys).
+MAX_LOCK_KEYS = 16
+_LOCK_KEY = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+# Stand-ins for the need's fields when a template is checked at load time.
+_SAMPLE_NEED: dict[str, Scalar] = {
+    "cluster": "sample-cluster", "pool": "sample-pool", "target": "sample-target",
+}
+# StepActionName is a union of Literals, whose own error lists each member apart: name them once.
+_ACTION_NAMES: tuple[str, ...] = tuple(
+    name for part in get_args(StepActionName) for name in get_args(part)
+)
+# Sent by the executor itself about an earlier command; a template cannot know that command.
+_NOT_IN_TEMPLATES: frozenset[str] = frozenset({"query_status", "cancel"})
+
+# No dots in template names: they are joined with dots into lock keys, which must stay
+# unambiguous; 32 characters leave room for the cluster id within a key's 128.
+TemplateName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,32}$")]
+StepName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+ParamName = Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_]{0,63}$")]
+ParamValue = StrictBool | StrictInt | StrictFloat | StrictStr
+StepArg = StrictBool | StrictInt | StrictFloat | StrictStr | None
 
 
 class TemplateError(ValueError):
     """A template file is invalid; the message names the file and the field."""
 
 
+class PlanError(ValueError):
+    """A need cannot be planned with a template (its values do not make a valid task)."""
+
+
 class StepTemplate(BaseModel):
-    """One step of a template: a typed action whose parameters come from the need."""
+    """One step: a typed action whose arguments may name the need's fields and parameters."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
-    action: ActionName
+    name: StepName
+    action: StepActionName
+    args: dict[str, StepArg] = Field(default_factory=dict, max_length=16)
+    guard: Guard | None = None
     timeout_s: float = Field(default=60.0, gt=0.0, le=86_400.0)
+    max_attempts: int | None = Field(
+        default=None, ge=1, le=10, description="None: the template's retry.max_attempts."
+    )
+
+    @field_validator("action", mode="before")
+    @classmethod
+    def _known_action(cls, value: object) -> object:
+        if value not in _ACTION_NAMES:
+            allowed = ", ".join(n for n in _ACTION_NAMES if n not in _NOT_IN_TEMPLATES)
+            raise PydanticCustomError(
+                "unknown_action", "unknown action '{action}' (one of: {allowed})",
+                {"action": value, "allowed": allowed},
+            )
+        return value
+
+
+class Relations(BaseModel):
+    """How a template's tasks stand to other templates' tasks (names or need kinds)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    concurrent_with: list[TemplateName] = Field(default_factory=list, max_length=16)
+    exclusive_with: list[TemplateName] = Field(default_factory=list, max_length=16)
+
+
+class RetryPolicy(BaseModel):
+    """Attempts per step unless the step sets its own. The backoff between attempts is the
+    executor's (no task field carries a per-template backoff yet)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     max_attempts: int = Field(default=3, ge=1, le=10)
 
 
 class Template(BaseModel):
-    """A task template: which need it serves, its priority, locks and ordered steps."""
+    """A task template: the need it serves, its priority, locks, limits and ordered steps."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+    name: TemplateName
     version: int = Field(ge=1)
     need: NeedKind
     description: str = Field(max_length=500)
     priority: int = Field(ge=0, le=9)
-    mutex: list[str] = Field(min_length=1, max_length=16)
+    parameters: dict[ParamName, ParamValue] = Field(default_factory=dict, max_length=32)
+    mutex: list[str] = Field(min_length=1, max_length=MAX_LOCK_KEYS - 1)
+    execution_count: int = Field(default=1, ge=1, le=16)
+    relations: Relations = Field(default_factory=Relations)
+    depends_on: list[TemplateName] = Field(default_factory=list, max_length=16)
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
     steps: list[StepTemplate] = Field(min_length=1, max_length=64)
+
+    # Filled by `load_templates`, which alone sees the other templates; None: not resolved.
+    _exclusions: tuple[Exclusion, ...] | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _check(self) -> Template:
+        problems = template_problems(self)
+        if problems:
+            # One error naming every field at fault (custom type: no "Value error," prefix).
+            raise PydanticCustomError("template", "{problems}", {"problems": "; ".join(problems)})
+        return self
+
+    @property
+    def label(self) -> str:
+        """How tasks name their template: name and version."""
+        return f"{self.name}.v{self.version}"
+
+    @property
+    def excludes(self) -> list[str]:
+        """Every template this one must not run alongside (both relation kinds)."""
+        return [*self.relations.exclusive_with, *self.depends_on]
+
+    @property
+    def exclusions(self) -> tuple[Exclusion, ...]:
+        """The resolved exclusions; a template with relations must come from a registry."""
+        if self._exclusions is not None:
+            return self._exclusions
+        if self.excludes:
+            raise TemplateError(
+                f"template {self.name}: its relations are resolved by load_templates, "
+                "which sees the other templates"
+            )
+        return ()
+
+    def with_exclusions(self, exclusions: Iterable[Exclusion]) -> Template:
+        """A copy with its relations resolved (the original is left alone)."""
+        resolved = self.model_copy()
+        resolved._exclusions = tuple(exclusions)
+        return resolved
+
+
+def template_problems(template: Template) -> list[str]:
+    """Everything wrong with a template that field types cannot say, as `field.path: why`."""
+    problems: list[str] = []
+    need_fields = set(NEED_FIELDS)
+    for name in template.parameters:
+        if name in need_fields:
+            problems.append(f"parameters.{name}: reserved (filled in from the need)")
+    for i, pattern in enumerate(template.mutex):
+        problems += _lock_pattern_problems(f"mutex.{i}", pattern, need_fields)
+
+    known = need_fields | set(template.parameters)
+    values = {**template.parameters, **_SAMPLE_NEED}
+    used: set[str] = set()
+    seen: dict[str, int] = {}
+    for i, step in enumerate(template.steps):
+        path = f"steps.{i}"
+        if step.name in seen:
+            problems.append(f"{path}.name: {step.name!r} repeats steps.{seen[step.name]}.name")
+        seen.setdefault(step.name, i)
+        step_problems, step_used = _step_problems(path, step, known, values)
+        problems += step_problems
+        used |= step_used
+
+    for name in template.parameters:
+        if name not in used:
+            problems.append(f"parameters.{name}: not used by any step")
+    problems += _relation_problems(template)
+    return problems
+
+
+def _lock_pattern_problems(path: str, pattern: str, known: set[str]) -> list[str]:
+    try:
+        unknown = unknown_placeholders(pattern, known)
+    except ValueError as err:
+        return [f"{path}: {err}"]
+    if unknown:
+        return [f"{path}: unknown placeholder {{{unknown[0]}}} (a lock key may use "
+                f"{', '.join('{' + k + '}' for k in sorted(known))})"]
+    if not _LOCK_KEY.match(render_text(pattern, _SAMPLE_NEED)):
+        return [f"{path}: {pattern!r} does not make a lock key (letters, digits, '_.-')"]
+    return []
+
+
+def _step_problems(
+    path: str, step: StepTemplate, known: set[str], values: Mapping[str, Scalar]
+) -> tuple[list[str], set[str]]:
+    problems: list[str] = []
+    used: set[str] = set()
+    if step.action in _NOT_IN_TEMPLATES:
+        problems.append(f"{path}.action: {step.action} is sent by the executor itself, "
+                        "not planned")
+    if "action" in step.args:
+        problems.append(f"{path}.args.action: set by the step's `action`, not an argument")
+    for field, value in step.args.items():
+        if not isinstance(value, str):
+            continue
+        try:
+            names = placeholders(value)
+        except ValueError as err:
+            problems.append(f"{path}.args.{field}: {err}")
+            continue
+        unknown = [name for name in names if name not in known]
+        if unknown:
+            problems.append(f"{path}.args.{field}: unknown placeholder {{{unknown[0]}}} "
+                            f"(known: {', '.join(sorted(known))})")
+        used.update(names)
+    if problems:
+        return problems, used
+
+    # The action as it will be planned, with stand-in values: a wrong field, type or bound is
+    # a load error here rather than a failed task later.
+    try:
+        action = _STEP_ACTION.validate_python(_action_input(step, values))
+    except ValidationError as err:
+        for e in err.errors():
+            field = ".".join(str(p) for p in e["loc"][1:])  # loc[0] is the action's tag
+            problems.append(f"{path}.args{'.' + field if field else ''}: {e['msg']}")
+        return problems, used
+    if step.guard == "node_has_jobs" and getattr(action, "node_id", None) is None:
+        problems.append(f"{path}.guard: node_has_jobs needs a step that names its node "
+                        "(args.node_id)")
+    return problems, used
+
+
+def _relation_problems(template: Template) -> list[str]:
+    problems: list[str] = []
+    lists = {
+        "relations.concurrent_with": template.relations.concurrent_with,
+        "relations.exclusive_with": template.relations.exclusive_with,
+        "depends_on": template.depends_on,
+    }
+    for field, names in lists.items():
+        for i, name in enumerate(names):
+            if name in (template.name, template.need):
+                problems.append(f"{field}.{i}: a template cannot relate to itself "
+                                "(execution_count limits its own tasks)")
+    excluded = set(template.excludes)
+    for i, name in enumerate(template.relations.concurrent_with):
+        if name in excluded:
+            problems.append(f"relations.concurrent_with.{i}: {name} is also in "
+                            "relations.exclusive_with or depends_on")
+    return problems
+
+
+def _action_input(step: StepTemplate, values: Mapping[str, Scalar]) -> dict[str, ArgValue]:
+    return {**{k: render(v, values) for k, v in step.args.items()}, "action": step.action}
+
+
+# ---------------------------------------------------------------- loading and the registry
 
 
 def load_template(path: Path) -> Template:
-    """Read and validate one template file."""
+    """Read and validate one template file (its relations are resolved by `load_templates`)."""
     try:
-        data = yaml.safe_load(path.read_text())
+        data: Any = yaml.safe_load(path.read_text())
+        if data is None:
+            raise TemplateError(f"{path.name}: empty, a template is expected")
         return Template.model_validate(data)
     except ValidationError as err:
         fields = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" if e["loc"] else e["msg"]
+            for e in err.errors()
         )
         raise TemplateError(f"{path.name}: {fields}") from err
     except yaml.YAMLError as err:
         raise TemplateError(f"{path.name}: not valid YAML: {err}") from err
+    except OSError as err:
+        raise TemplateError(f"{path.name}: cannot be read: {err}") from err
 
 
 def load_templates(directory: Path = TEMPLATE_DIR) -> dict[NeedKind, Template]:
-    """Every template in `directory`, by the need it serves; two for one need is an error."""
+    """Every template in `directory`, by the need it serves, relations resolved.
+
+    One template per need kind; two for one need, two with one name, a relation to a template
+    that is not there, or more locks than a task may hold is an error naming file and field.
+    """
+    paths = sorted(directory.glob("*.yaml"))
+    if not paths:
+        raise TemplateError(f"{directory}: no *.yaml templates")
     by_need: dict[NeedKind, Template] = {}
-    for path in sorted(directory.glob("*.yaml")):
+    by_name: dict[str, Template] = {}
+    file_of: dict[str, str] = {}
+    for path in paths:
         template = load_template(path)
         if template.need in by_need:
-            raise TemplateError(f"{path.name}: a second template for need {template.need!r}")
-        by_need[template.need] = template
-    return by_need
+            first = file_of[by_need[template.need].name]
+            raise TemplateError(
+                f"{path.name}: need: a second template for need {template.need!r} "
+                f"(the first is {first})"
+            )
+        if template.name in by_name:
+            raise TemplateError(f"{path.name}: name: a second template named "
+                                f"{template.name!r} (the first is {file_of[template.name]})")
+        by_need[template.need] = by_name[template.name] = template
+        file_of[template.name] = path.name
+
+    pairs = _exclusion_pairs(by_name, by_need, file_of)
+    for template in by_name.values():
+        for i, name in enumerate(template.relations.concurrent_with):
+            other = _resolve(name, by_name, by_need, file_of[template.name],
+                             f"relations.concurrent_with.{i}")
+            if frozenset((template.name, other)) in pairs:
+                raise TemplateError(
+                    f"{file_of[template.name]}: relations.concurrent_with.{i}: {other} is "
+                    f"excluded from {template.name} (exclusive_with or depends_on, here or "
+                    f"in {file_of[other]})"
+                )
+
+    resolved: dict[NeedKind, Template] = {}
+    for need, template in by_need.items():
+        exclusions = sorted(
+            (Exclusion.between(a, by_name[a].execution_count, b, by_name[b].execution_count)
+             for a, b in (sorted(p) for p in pairs) if template.name in (a, b)),
+            key=lambda e: (e.first, e.second),
+        )
+        count = (len(template.mutex) + 1
+                 + sum(e.other_slots(template.name) for e in exclusions))
+        if count > MAX_LOCK_KEYS:
+            raise TemplateError(
+                f"{file_of[template.name]}: execution_count/relations: a task would hold "
+                f"{count} locks (at most {MAX_LOCK_KEYS}): each exclusion costs the other "
+                "template's execution_count in keys"
+            )
+        resolved[need] = template.with_exclusions(exclusions)
+    return resolved
+
+
+def _exclusion_pairs(by_name: Mapping[str, Template], by_need: Mapping[NeedKind, Template],
+                     file_of: Mapping[str, str]) -> set[frozenset[str]]:
+    # An exclusion is symmetric whichever side declares it: a lock shared by two tasks holds
+    # each back for the other. So `depends_on` (wait while those run) is the same lock too.
+    pairs: set[frozenset[str]] = set()
+    for template in by_name.values():
+        declared = [(f"relations.exclusive_with.{i}", n)
+                    for i, n in enumerate(template.relations.exclusive_with)]
+        declared += [(f"depends_on.{i}", n) for i, n in enumerate(template.depends_on)]
+        for field, name in declared:
+            other = _resolve(name, by_name, by_need, file_of[template.name], field)
+            pairs.add(frozenset((template.name, other)))
+    return pairs
+
+
+def _resolve(name: str, by_name: Mapping[str, Template],
+             by_need: Mapping[NeedKind, Template], file: str, field: str) -> str:
+    """A relation names a template, or a need kind standing for the template serving it."""
+    if name in by_name:
+        return name
+    for need, template in by_need.items():
+        if need == name:
+            return template.name
+    raise TemplateError(f"{file}: {field}: no template or need kind named {name!r}")
+
+
+# ---------------------------------------------------------------- planning
 
 
 def plan(template: Template, need: OpsNeed, now: datetime, source: str,
          dry_run: bool = False) -> OpsTask:
-    """The task a template makes for a need (deterministic: the same need, the same task)."""
-    params = {"target": need.target, "cluster": need.cluster_id, "pool": need.pool}
+    """The task a template makes for a need (deterministic: the same need, the same task).
+
+    A need raised as a dry run makes a dry-run task whatever `dry_run` says: it was raised to
+    be seen, not acted on.
+    """
+    if need.kind != template.need:
+        raise PlanError(f"template {template.label} serves {template.need}, not {need.kind}")
+    need_values: dict[str, Scalar] = {
+        "target": need.target, "cluster": need.cluster_id, "pool": need.pool,
+    }
+    values = {**template.parameters, **need_values}
     task_id = uuid5(_IDS, f"task:{need.event_id}:{template.name}:{template.version}")
-    steps = [
-        Step(
-            index=i,
-            name=s.name,
-            action=_ACTION.validate_python({"action": s.action, "node_id": need.target}),
-            timeout_s=s.timeout_s,
-            max_attempts=s.max_attempts,
+    steps: list[Step] = []
+    for i, s in enumerate(template.steps):
+        try:
+            action = _STEP_ACTION.validate_python(_action_input(s, values))
+            steps.append(Step(
+                index=i, name=s.name, action=action, guard=s.guard, timeout_s=s.timeout_s,
+                max_attempts=s.max_attempts or template.retry.max_attempts,
+            ))
+        except ValidationError as err:
+            raise PlanError(f"template {template.label}, step {s.name}: the need's values "
+                            f"do not make a valid action: {err}") from err
+    try:
+        return OpsTask(
+            event_id=uuid5(_IDS, f"event:{task_id}"),
+            source=source,
+            occurred_at=now,
+            cluster_id=need.cluster_id,
+            subject=str(task_id),
+            correlation_id=str(need.event_id),
+            task_id=task_id,
+            need_id=need.event_id,
+            need_kind=need.kind,
+            template=template.label,
+            action_type=None,
+            pool=need.pool,
+            target=need.target,
+            priority=template.priority,
+            mutex_keys=lock_keys(template, need_values),
+            dry_run=dry_run or need.dry_run,
+            steps=steps,
+            evidence=list(need.evidence),
         )
-        for i, s in enumerate(template.steps)
-    ]
-    return OpsTask(
-        event_id=uuid5(_IDS, f"event:{task_id}"),
-        source=source,
-        occurred_at=now,
-        cluster_id=need.cluster_id,
-        subject=str(task_id),
-        correlation_id=str(need.event_id),
-        task_id=task_id,
-        need_id=need.event_id,
-        need_kind=need.kind,
-        template=f"{template.name}.v{template.version}",
-        pool=need.pool,
-        target=need.target,
-        priority=template.priority,
-        mutex_keys=[m.format(**params) for m in template.mutex],
-        dry_run=dry_run,
-        steps=steps,
-        evidence=list(need.evidence),
-    )
+    except ValidationError as err:
+        raise PlanError(f"template {template.label}: the need's values do not make a valid "
+                        f"task: {err}") from err
+
+
+def lock_keys(template: Template, need_values: Mapping[str, Scalar]) -> list[str]:
+    """The template's own locks, then its execution slot, then its exclusions (no repeats)."""
+    cluster, target = str(need_values["cluster"]), str(need_values["target"])
+    slot = slot_of(target, template.execution_count)
+    keys = [render_text(m, need_values) for m in template.mutex]
+    keys.append(execution_key(template.name, cluster, template.execution_count, slot))
+    for exclusion in template.exclusions:
+        keys += exclusion.keys(template.name, cluster, slot)
+    return list(dict.fromkeys(keys))

@@ -10,6 +10,7 @@ from uuid import UUID
 
 from schemas.envelope import Envelope
 from schemas.events.v1 import (
+    AddCapacity,
     Alert,
     Command,
     CommandPayload,
@@ -20,6 +21,7 @@ from schemas.events.v1 import (
     GpuMetrics,
     HostMetrics,
     JobInfo,
+    MigrateJobs,
     NodeReport,
     NodeState,
     OfflineNode,
@@ -68,7 +70,12 @@ def examples() -> dict[str, Envelope]:
         **envelope(6, "templater", str(TASK)), task_id=TASK, need_id=NEED, need_kind="offline",
         template="offline.v1", target="node-002", priority=1, mutex_keys=["node.node-002"],
         steps=[Step(index=0, name="drain", action=DrainNode(node_id="node-002")),
-               Step(index=1, name="offline", action=OfflineNode(node_id="node-002"))],
+               Step(index=1, name="offline", action=OfflineNode(node_id="node-002")),
+               Step(index=2, name="add-capacity", action=AddCapacity(pool="default"),
+                    guard="pool_above_range"),
+               Step(index=3, name="migrate", action=MigrateJobs(pool="default",
+                                                                node_id="node-002"),
+                    guard="node_has_jobs", timeout_s=300.0)],
         evidence=[evidence],
     )
     payload = CommandPayload(command_id=CMD, node_id="node-002", seq=7, epoch=3, issued_at=T0,

@@ -71,6 +71,13 @@ async def test_a_gpu_fault_and_a_stopped_heartbeat_each_become_a_succeeded_offli
                     ("running", 0, "completed"),
                     ("running", 1, "started"),
                     ("running", 1, "completed"),
+                    # The pool is not above its range without node-002: no capacity added.
+                    ("running", 2, "skipped"),
+                    # Its jobs move to the other nodes (child tasks), then the pool is
+                    # checked again.
+                    ("running", 3, "started"),
+                    ("running", 3, "completed"),
+                    ("running", 4, "skipped"),
                     ("succeeded", None, None),
                 ]
                 created = gpu_fault[0].task

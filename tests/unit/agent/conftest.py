@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 from uuid import UUID, uuid4
 
 import pytest
 
+from agent.actions import JobActions
 from agent.commands import CommandExecutor
 from agent.faults import read_faults
+from agent.jobs import JobRunner
 from agent.journal import Journal
-from schemas.events.v1 import Action, Command, CommandPayload, DrainNode
+from agent.store import CheckpointStore
+from schemas.events.v1 import Action, Command, CommandPayload, CommandResult, DrainNode
 from services.shared.signing import (
     CommandSigner,
     CommandVerifier,
@@ -105,3 +108,81 @@ def executor(centre: Centre, journal: Journal, state_dir: Path) -> CommandExecut
         max_ttl_s=300.0,
         fault_plan=lambda: read_faults(state_dir),
     )
+
+
+# ---------------------------------------------------------------- nodes with jobs
+
+J = TypeVar("J", bound=JobRunner)
+
+
+@dataclass
+class Node(Generic[J]):
+    """One agent's executor, journal and jobs, as the agent wires them (without Kafka)."""
+
+    node_id: str
+    state_dir: Path
+    journal: Journal
+    jobs: J
+    executor: CommandExecutor
+    centre: Centre
+    now: datetime
+    published: list[CommandResult] = field(default_factory=list)
+    seq: int = 0
+
+    def send(
+        self, action: Action, *, command_id: UUID | None = None, **fields: Any
+    ) -> CommandResult | None:
+        self.seq += 1
+        command = self.centre.command(action, node=self.node_id, seq=self.seq,
+                                      command_id=command_id or uuid4(), **fields)
+        result = self.executor.handle(command, self.now)
+        # As the agent does after every command: the jobs follow the mode at once.
+        self.tend()
+        return result
+
+    def tend(self) -> None:
+        """What the agent does between reports: the jobs follow the mode and the plan."""
+        self.jobs.reconcile(self.journal.mode, read_faults(self.state_dir))
+
+    def answer(self, action: Action, **fields: Any) -> CommandResult:
+        result = self.send(action, **fields)
+        assert result is not None, "expected an immediate answer"
+        return result
+
+    async def run(self, action: Action, **fields: Any) -> CommandResult:
+        """Send a long action and wait for its published result."""
+        command_id = uuid4()
+        assert self.send(action, command_id=command_id, **fields) is None
+        result = await self.executor.running()[command_id]
+        assert self.published[-1] == result
+        return result
+
+    def job_ids(self) -> list[str]:
+        return [view.job_id for view in self.jobs.views()]
+
+
+def open_node(
+    node_id: str,
+    state_dir: Path,
+    jobs: J,
+    centre: Centre,
+    now: datetime,
+    store: CheckpointStore,
+    *,
+    gpus: int = 2,
+    stop_timeout_s: float = 0.2,
+) -> Node[J]:
+    """A node whose long actions publish into `Node.published`."""
+    journal = Journal.open(state_dir)
+    published: list[CommandResult] = []
+
+    async def publish(result: CommandResult) -> None:
+        published.append(result)
+
+    executor = CommandExecutor(
+        node_id, CLUSTER, centre.verifier, journal,
+        fault_plan=lambda: read_faults(state_dir),
+        jobs=JobActions(node_id, gpus, jobs, store, poll_s=0.01, stop_timeout_s=stop_timeout_s),
+        publish=publish,
+    )
+    return Node(node_id, state_dir, journal, jobs, executor, centre, now, published)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -11,22 +12,25 @@ from typing import Any, TypeVar
 import pytest
 from faststream.kafka import KafkaBroker, KafkaMessage, TestKafkaBroker
 
-from agent.app import Agent, create_agent, create_app
+from agent.app import Agent, create_agent, create_app, make_jobs
 from agent.faults import FaultPlan, write_faults
-from agent.jobs import job_dir
+from agent.jobs import JobManager, SimulatedJobs, job_dir
 from agent.ml.runtime import CHECKPOINT_FILE
 from agent.peers import PROBE_FILE, EchoListener, probe_peer, read_probe_addr
 from agent.settings import AgentSettings
+from agent.store import META_FILE
 from schemas.envelope import Envelope
 from schemas.events.v1 import (
     Action,
     CommandResult,
     DrainNode,
+    MigrateJob,
     NodeReport,
     OfflineNode,
     ProbeNode,
     QueryStatus,
     SetReportInterval,
+    StartJob,
     now_utc,
 )
 from schemas.topics import Topic, topic_name
@@ -321,3 +325,144 @@ async def test_real_jobs_start_after_the_first_report_and_stop_with_the_agent(
         await agent.stop_reporting()
         await agent.close()
     assert (job_dir(agent.state_dir, "node-001.train") / CHECKPOINT_FILE).exists()
+
+
+async def wait_results(sink: Sink, count: int, timeout_s: float = 5.0) -> list[CommandResult]:
+    async with asyncio.timeout(timeout_s), sink.arrived:
+        await sink.arrived.wait_for(lambda: len(sink.messages) >= count)
+    return sink.parsed(CommandResult)
+
+
+async def test_a_migration_is_answered_when_done_and_its_job_leaves_the_reports(
+    running: tuple[Agent, dict[Topic, Sink]], centre: Any, settings: AgentSettings
+) -> None:
+    agent, sinks = running
+    reports, results = sinks[Topic.NODE_REPORTS], sinks[Topic.NODE_COMMAND_RESULTS]
+    await agent.start_reporting()
+    first = (await wait_reports(reports, 1))[0]
+    assert [j.job_id for j in first.jobs] == ["node-001.train", "node-001.infer"]
+
+    await send(agent, centre, MigrateJob(node_id=NODE, job_id="node-001.train",
+                                         to_node_id="node-002"), seq=1)
+    migrated = (await wait_results(results, 1))[0]
+    assert (migrated.action, migrated.outcome, migrated.outputs["checkpoint"]) == (
+        "migrate_job", "succeeded", "node-001.train"
+    )
+    meta = settings.checkpoint_store_dir() / "node-001.train" / META_FILE
+    assert json.loads(meta.read_text())["from_node"] == NODE
+    later = await wait_last_report(reports, lambda r: len(r.jobs) == 1)
+    assert [j.job_id for j in later.jobs] == ["node-001.infer"]
+
+    # Back again (as if migrated home): the standby-style start from the store.
+    await send(agent, centre, StartJob(node_id=NODE, job_id="node-001.train",
+                                       checkpoint="node-001.train"), seq=2)
+    started = (await wait_results(results, 2))[-1]
+    assert (started.action, started.outcome, started.outputs["resumed_step"]) == (
+        "start_job", "succeeded", migrated.outputs["step"]
+    )
+    back = await wait_last_report(reports, lambda r: len(r.jobs) == 2)
+    assert sorted(j.job_id for j in back.jobs) == ["node-001.infer", "node-001.train"]
+
+
+async def test_a_standby_agent_runs_only_what_it_is_given(
+    settings: AgentSettings, centre: Any
+) -> None:
+    standby = settings.model_copy(update={"node_id": "standby-1", "jobs": "sim:"})
+    agent = create_agent(standby)
+    reports, results = Sink(), Sink()
+    reports.subscribe(agent.broker, topic_name(Topic.NODE_REPORTS, standby.namespace))
+    results.subscribe(agent.broker, topic_name(Topic.NODE_COMMAND_RESULTS, standby.namespace))
+    await agent.open_local()
+    try:
+        async with TestKafkaBroker(agent.broker):
+            await agent.start_reporting()
+            assert (await wait_reports(reports, 1))[0].jobs == []
+            command = centre.command(StartJob(node_id="standby-1", job_id="node-001.infer",
+                                              kind="inference"),
+                                     node="standby-1", issued_at=now_utc())
+            await agent.broker.publish(
+                command.model_dump_json().encode(),
+                topic=topic_name(Topic.NODE_COMMANDS, standby.namespace), key=b"standby-1",
+            )
+            started = (await wait_results(results, 1))[0]
+            assert (started.outcome, started.outputs["started"]) == ("succeeded", True)
+            report = await wait_last_report(reports, lambda r: bool(r.jobs))
+            assert [(j.job_id, j.state) for j in report.jobs] == [("node-001.infer", "running")]
+    finally:
+        await agent.stop_reporting()
+        await agent.close()
+
+
+def test_an_agent_without_jobs_can_still_be_given_some(
+    settings: AgentSettings, tmp_path: Path
+) -> None:
+    jobs = make_jobs(settings.model_copy(update={"jobs": ""}), tmp_path)
+    assert isinstance(jobs, JobManager)
+    assert jobs.views() == []
+    assert jobs.snapshot(now_utc()) == []
+    simulated = make_jobs(settings.model_copy(update={"jobs": "sim:"}), tmp_path / "sim")
+    assert isinstance(simulated, SimulatedJobs)
+    assert simulated.views() == []
+
+
+async def publish_command(agent: Agent, command: Any) -> None:
+    await agent.broker.publish(
+        command.model_dump_json().encode(),
+        topic=topic_name(Topic.NODE_COMMANDS, agent.settings.namespace),
+        key=agent.settings.node_id.encode(),
+    )
+
+
+async def test_an_xid_migration_between_two_real_agents(
+    settings: AgentSettings, centre: Any
+) -> None:
+    # Node A trains; it goes offline (its job checkpoints), its job is migrated to the
+    # standby node B, which resumes it with the step counter continuing.
+    fast = {"interval_s": 0.1, "checkpoint_every_s": 0.5}
+    a = create_agent(settings.model_copy(update={"jobs": "train", **fast}))
+    b = create_agent(settings.model_copy(update={"node_id": "standby-1", "jobs": "", **fast}))
+    sinks = {agent: (Sink(), Sink()) for agent in (a, b)}
+    for agent, (reports, results) in sinks.items():
+        reports.subscribe(agent.broker, topic_name(Topic.NODE_REPORTS, settings.namespace))
+        results.subscribe(agent.broker,
+                          topic_name(Topic.NODE_COMMAND_RESULTS, settings.namespace))
+        await agent.open_local()
+    job = "node-001.train"
+    try:
+        async with TestKafkaBroker(a.broker), TestKafkaBroker(b.broker):
+            for agent in (a, b):
+                await agent.start_reporting()
+            a_reports, a_results = sinks[a]
+            b_reports, b_results = sinks[b]
+            await wait_last_report(a_reports, lambda r: r.jobs[0].progress_pct > 0.1, 30)
+            for seq, action in enumerate([DrainNode(node_id=NODE), OfflineNode(node_id=NODE)]):
+                await publish_command(a, centre.command(action, seq=seq + 1,
+                                                        issued_at=now_utc()))
+            await wait_last_report(a_reports, lambda r: r.jobs[0].state == "stopped")
+            await publish_command(a, centre.command(
+                MigrateJob(node_id=NODE, job_id=job, to_node_id="standby-1"), seq=3,
+                issued_at=now_utc(),
+            ))
+            migrated = (await wait_results(a_results, 3, timeout_s=20.0))[-1]
+            assert (migrated.action, migrated.outcome) == ("migrate_job", "succeeded")
+            gone = await wait_last_report(a_reports, lambda r: r.jobs == [])
+            assert gone.mode == "offline"
+
+            await publish_command(b, centre.command(
+                StartJob(node_id="standby-1", job_id=job, kind="training", checkpoint=job),
+                node="standby-1", issued_at=now_utc(),
+            ))
+            started = (await wait_results(b_results, 1))[0]
+            assert started.outputs["resumed_step"] == migrated.outputs["step"]
+            progressed = await wait_last_report(
+                b_reports, lambda r: bool(r.jobs) and r.jobs[0].state == "running"
+                and r.jobs[0].progress_pct > float(migrated.outputs["progress_pct"]), 30,
+            )
+            assert [j.job_id for j in progressed.jobs] == [job]
+            # Every B report after the start shows progress from A's, never from 0 %.
+            resumed = [r.jobs[0].progress_pct for r in b_reports.parsed(NodeReport) if r.jobs]
+            assert min(resumed) >= float(migrated.outputs["progress_pct"]) - 1e-3
+    finally:
+        for agent in (a, b):
+            await agent.stop_reporting()
+            await agent.close()

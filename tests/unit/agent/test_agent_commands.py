@@ -364,7 +364,6 @@ def test_query_status_of_an_unknown_command(
 @pytest.mark.parametrize(
     "action",
     [
-        Cancel(node_id=NODE, command_id=uuid4()),
         StartJob(node_id=NODE, job_id="j1"),
         StopJob(node_id=NODE, job_id="j1"),
         MigrateJob(node_id=NODE, job_id="j1", to_node_id="node-002"),
@@ -372,13 +371,36 @@ def test_query_status_of_an_unknown_command(
     ],
     ids=lambda action: action.action,
 )
-def test_job_actions_are_not_supported_yet(
+def test_job_actions_need_a_job_runner(
     executor: CommandExecutor, centre: Any, journal: Journal, now: datetime, action: Any
 ) -> None:
+    # The fixture's executor drives no jobs (tests/unit/agent/test_agent_actions.py does).
     result = executor.handle(centre.command(action), now)
     assert result is not None
-    assert (result.outcome, result.reason) == ("failed", "not_supported_yet")
+    assert (result.outcome, result.reason) == ("failed", "not_supported")
+    assert result.outputs == {"job_id": "j1"}
     assert journal.mode == "active"
+
+
+def test_cancel_of_nothing_running(
+    executor: CommandExecutor, centre: Any, journal: Journal, now: datetime
+) -> None:
+    drained = executor.handle(centre.command(seq=1), now)
+    assert drained is not None
+    missing = uuid4()
+    results = [
+        executor.handle(centre.command(Cancel(node_id=NODE, command_id=target), seq=1), now)
+        for target in (drained.command_id, missing)
+    ]
+    # Outside the ordering (seq 1 again is no reason to refuse it), and a no-op.
+    assert [(r.outcome, r.outputs) for r in results if r] == [
+        ("succeeded", {"queried_command_id": str(drained.command_id), "cancelled": False,
+                       "queried_outcome": "succeeded"}),
+        ("succeeded", {"queried_command_id": str(missing), "cancelled": False,
+                       "queried_outcome": "not_in_journal"}),
+    ]
+    assert journal.last_seq == 1
+    assert journal.mode == "draining"
 
 
 def test_injected_failure(

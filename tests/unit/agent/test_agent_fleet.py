@@ -22,6 +22,7 @@ from agent.fleet import (
     agent_dir,
     agent_env,
     agent_status,
+    checkpoint_store,
     fleet_down,
     fleet_up,
     is_alive,
@@ -103,9 +104,19 @@ def test_fleet_up_kill_and_down(tmp_path: Path, centre: object) -> None:
         assert pid_path(tmp_path, "node-002").exists()  # a crash leaves its pid file
         assert agent_status(tmp_path) == {"node-001": True, "node-002": False}
         assert not kill_agent(tmp_path, "node-002")
+
+        # One more node, as the capacity provider adds it: a standby agent with no jobs.
+        standby = start_agent(
+            "standby-1", gpus=4, cluster_id="local", namespace="fleettest",
+            state_dir=tmp_path, env=env, trusted_keys=keys, interval_s=0.5, jobs="",
+        )
+        standby_log = wait_for_log(standby.log_path, "state in")
+        assert "jobs ''" in standby_log
+        assert f"checkpoint store {tmp_path.resolve() / 'checkpoints'}" in standby_log
+        assert agent_status(tmp_path)["standby-1"]
     finally:
         stopped = fleet_down(tmp_path, timeout_s=15.0)
-    assert stopped == ["node-001"]
+    assert stopped == ["node-001", "standby-1"]
     assert not is_alive(agents[0].pid)
     assert agent_status(tmp_path) == {}
     assert (tmp_path / "agents" / "node-001" / "journal.sqlite3").exists()
@@ -134,6 +145,24 @@ def test_agent_env_passes_the_job_and_probe_settings(tmp_path: Path) -> None:
     )
     chosen = env_for({"AGENT_JOBS": ""}, jobs="sim", probe_port=7001)
     assert (chosen["AGENT_JOBS"], chosen["AGENT_PROBE_PORT"]) == ("sim", "7001")
+    # A standby node: no jobs of its own, whatever the environment says.
+    assert env_for({"AGENT_JOBS": "train"}, jobs="")["AGENT_JOBS"] == ""
+
+
+def test_agents_of_a_fleet_share_one_checkpoint_store(tmp_path: Path) -> None:
+    envs = [
+        agent_env(node_id=node, gpus=2, cluster_id="c", namespace="n", state_dir=tmp_path,
+                  env={}, trusted_keys=[], interval_s=1.0)
+        for node in ("node-001", "standby-1")
+    ]
+    assert {env["AGENT_CHECKPOINT_STORE"] for env in envs} == {
+        str(checkpoint_store(tmp_path))
+    }
+    assert checkpoint_store(tmp_path) == tmp_path.resolve() / "checkpoints"
+    shared = agent_env(node_id="node-001", gpus=2, cluster_id="c", namespace="n",
+                       state_dir=tmp_path, env={"AGENT_CHECKPOINT_STORE": "/mnt/ckpt"},
+                       trusted_keys=[], interval_s=1.0)
+    assert shared["AGENT_CHECKPOINT_STORE"] == "/mnt/ckpt"  # a shared mount, as configured
 
 
 def test_leftover_jobs_are_reaped(tmp_path: Path) -> None:

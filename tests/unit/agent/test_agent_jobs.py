@@ -12,8 +12,12 @@ import pytest
 from agent.faults import FaultPlan
 from agent.jobs import (
     PID_FILE,
+    TABLE_FILE,
     JobManager,
+    JobRecord,
     JobSpec,
+    JobTable,
+    JobView,
     gpu_for,
     job_dir,
     job_specs,
@@ -196,3 +200,45 @@ def test_a_job_that_cannot_start_is_failed_not_an_error(tmp_path: Path) -> None:
     manager.reconcile("active", FaultPlan())
     assert states(manager.snapshot(now_utc())) == ["failed"]
     manager.close()
+
+
+def test_the_job_table_is_what_the_node_owns(tmp_path: Path) -> None:
+    configured = [JobRecord("n.train", "training", (0,)), JobRecord("n.infer", "inference", (1,))]
+    table = JobTable(tmp_path / TABLE_FILE, configured)
+    assert list(table.records) == ["n.train", "n.infer"]
+    table.remove("n.train")
+    table.put(JobRecord("other.train", "training", (0,), 2048))
+
+    again = JobTable(tmp_path / TABLE_FILE, configured)
+    # Given up stays given up, whatever the configuration says; what came in stays.
+    assert list(again.records) == ["n.infer", "other.train"]
+    assert again.records["other.train"].memory_mib == 2048
+    assert again.gone == ["n.train"]
+
+    # Unreadable: the configuration is the best guess left (and the agent still starts).
+    (tmp_path / TABLE_FILE).write_text("{broken")
+    assert list(JobTable(tmp_path / TABLE_FILE, configured).records) == ["n.train", "n.infer"]
+    assert list(JobTable(None, configured).records) == ["n.train", "n.infer"]
+
+
+def test_jobs_started_by_command_run_with_the_program_of_their_kind(tmp_path: Path) -> None:
+    manager = JobManager([TRAIN], tmp_path, args_by_kind={"inference": FAST})
+    try:
+        manager.add(JobRecord("j1", "inference", (1,)), step=0, progress_pct=0.0)
+        assert [job.spec for job in manager.jobs] == [
+            TRAIN, JobSpec("j1", "inference", "agent.ml.infer", (1,), FAST)
+        ]
+        assert [(v.job_id, v.state, v.busy) for v in manager.views()] == [
+            ("node-001.train", "starting", False), ("j1", "starting", False)
+        ]
+        manager.hold("j1", grace_s=1.0)
+        assert manager.view("j1") == JobView("j1", "inference", "stopped", 0, 0.0, (1,), 0,
+                                             False, True)
+        assert manager.settled("j1")
+        manager.release("j1")
+        assert manager.view("j1") is not None
+        manager.forget("j1")
+        assert manager.view("j1") is None
+        assert manager.settled("j1")
+    finally:
+        manager.close()

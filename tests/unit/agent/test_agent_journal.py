@@ -127,3 +127,42 @@ def test_interval_is_not_changed_by_a_rejected_duplicate(state_dir: Path, now: d
         assert journal.interval_s == 5.0
     finally:
         journal.close()
+
+
+def test_a_long_action_is_completed_once(journal: Journal, now: datetime) -> None:
+    pending = result("unknown").model_copy(update={"reason": "in_progress"})
+    assert journal.record(pending, seq=4, epoch=1, accepted=True, now=now)
+    assert journal.last_seq == 4  # accepted when it starts: a replay is a duplicate
+    assert journal.in_progress() == [pending.command_id]
+
+    done = pending.model_copy(update={"outcome": "succeeded", "reason": ""})
+    assert journal.complete(done)
+    assert journal.cached_result(pending.command_id) == done
+    # A late second ending (a cancel racing the end) never overwrites the first.
+    late = pending.model_copy(update={"outcome": "failed", "reason": "cancelled"})
+    assert not journal.complete(late)
+    assert journal.cached_result(pending.command_id) == done
+    assert not journal.complete(result())  # never journaled at all
+    assert journal.in_progress() == []
+
+
+def test_a_restart_fails_what_was_left_in_progress(state_dir: Path, now: datetime) -> None:
+    journal = Journal.open(state_dir)
+    pending = result("unknown", job_id="j1").model_copy(update={"reason": "in_progress"})
+    finished = result("succeeded")
+    journal.record(pending, seq=1, epoch=1, accepted=True, now=now)
+    journal.record(finished, seq=2, epoch=1, accepted=True, now=now)
+    journal.close()
+
+    reopened = Journal.open(state_dir)
+    try:
+        assert reopened.interrupt_in_progress(now) == [pending.command_id]
+        interrupted = reopened.cached_result(pending.command_id)
+        assert interrupted is not None
+        assert (interrupted.outcome, interrupted.reason, interrupted.outputs) == (
+            "failed", "interrupted", {"job_id": "j1"}
+        )
+        assert reopened.cached_result(finished.command_id) == finished
+        assert reopened.interrupt_in_progress(now) == []
+    finally:
+        reopened.close()

@@ -79,10 +79,13 @@ def test_mode_comes_from_the_journal(journal: Journal, now: datetime) -> None:
     journal.set_mode("draining")
     draining = source.build(now, FaultPlan())
     assert draining.mode == "draining"
-    assert [j.kind for j in draining.jobs] == ["training"]  # no new inference requests
+    # No new inference requests; the job is still the node's, so it is still reported.
+    assert [(j.kind, j.state) for j in draining.jobs] == [
+        ("training", "running"), ("inference", "stopped")
+    ]
     journal.set_mode("offline")
     offline = source.build(now + timedelta(seconds=10), FaultPlan())
-    assert offline.jobs[0].state == "stopped"
+    assert [j.state for j in offline.jobs] == ["stopped", "stopped"]  # owned until migrated
     assert all(g.utilization_pct == 0.0 for g in offline.gpus)
 
 
@@ -259,6 +262,8 @@ def test_settings_are_validated(monkeypatch: pytest.MonkeyPatch, name: str, valu
         ("infer", "infer", ["infer"]),
         ("", "", []),
         (" sim ", "sim", []),
+        ("sim:", "sim:", []),
+        ("sim:infer,train", "sim:train,infer", []),
     ],
 )
 def test_jobs_setting(
@@ -270,7 +275,31 @@ def test_jobs_setting(
     assert (settings.jobs, settings.job_names()) == (stored, names)
 
 
-@pytest.mark.parametrize("value", ["train,shell", "sim,train", "TRAIN"])
+@pytest.mark.parametrize(
+    ("value", "simulated"),
+    [("sim", ["train", "infer"]), ("sim:", []), ("sim:infer", ["infer"]), ("train", []),
+     ("", [])],
+)
+def test_simulated_jobs_setting(
+    monkeypatch: pytest.MonkeyPatch, value: str, simulated: list[str]
+) -> None:
+    monkeypatch.setenv("AGENT_NODE_ID", "node-001")
+    monkeypatch.setenv("AGENT_JOBS", value)
+    settings = AgentSettings()
+    assert settings.simulated is value.startswith("sim")
+    assert settings.simulated_job_names() == simulated
+
+
+def test_checkpoint_store_setting(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("AGENT_NODE_ID", "node-001")
+    monkeypatch.setenv("WARDEN_STATE_DIR", str(tmp_path))
+    monkeypatch.delenv("AGENT_CHECKPOINT_STORE", raising=False)
+    assert AgentSettings().checkpoint_store_dir() == tmp_path / "checkpoints"
+    monkeypatch.setenv("AGENT_CHECKPOINT_STORE", str(tmp_path / "shared"))
+    assert AgentSettings().checkpoint_store_dir() == tmp_path / "shared"
+
+
+@pytest.mark.parametrize("value", ["train,shell", "sim,train", "TRAIN", "sim:sim", "sim:x"])
 def test_unknown_jobs_are_refused(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     monkeypatch.setenv("AGENT_NODE_ID", "node-001")
     monkeypatch.setenv("AGENT_JOBS", value)

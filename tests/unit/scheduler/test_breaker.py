@@ -146,3 +146,31 @@ def test_settings_give_the_documented_defaults() -> None:
     assert settings.breaker_config("load_balance").disruptive
     assert not settings.breaker_config("online").disruptive
     assert not settings.breaker_config("scale_out").disruptive
+
+
+def test_the_settings_add_the_child_kinds_the_scope_and_the_rate_limit() -> None:
+    settings = SchedulerSettings()
+    assert settings.breaker_config("migrate").disruptive
+    assert settings.breaker_config("remove_node").disruptive
+    assert (settings.breaker_scope, settings.rate_per_s, settings.rate_burst) == (
+        "cluster", 0.1, 2)
+    assert settings.rate_limited_kinds == ("offline", "scale_in", "remove_node")
+    assert settings.budget_kinds == ("offline", "remove_node")
+
+
+@pytest.mark.parametrize(
+    ("scope", "name"), [("cluster", "offline"), ("node", "offline@node-7")])
+def test_the_scope_names_the_breaker(scope: breaker.BreakerScope, name: str) -> None:
+    assert breaker.breaker_name("offline", "node-7", scope) == name
+    assert breaker.kind_of(name) == "offline"
+
+
+def test_releasing_the_trial_reopens_without_a_new_opening() -> None:
+    state = half_open()
+    released = breaker.release_trial(state, "trial")
+    assert (released.status, released.trial_task, released.openings) == ("OPEN", "", 1)
+    assert released.opened_at == state.opened_at
+    # The wait was served already: the next task may be the trial at once.
+    assert breaker.admits(released, 101.0, GENTLE).half_open_trial
+    assert breaker.release_trial(state, "not-the-trial") == state
+    assert breaker.release_trial(run("FFF"), "trial") == run("FFF")

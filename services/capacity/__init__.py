@@ -1,0 +1,1 @@
+"""Capacity providers: where the centre gets nodes from and gives them back to."""

@@ -1,0 +1,416 @@
+"""The centre's own actions: guards on fresh state, capacity changes, job moves, releases.
+
+A step an agent cannot carry out alone runs here. Adding capacity asks the provider; removing
+it, or moving jobs, splits the step into child tasks (one per node to remove, one per job to
+move) that go through the scheduler like any task, with their own locks and retries, and the
+parent step ends when the last child does. Plans come from `planning` (pure) on a fresh
+`ClusterView`; every result of a run is kept per command id, so a re-run after a crash
+returns the same plan and the same children instead of planning again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any, cast
+from uuid import NAMESPACE_URL, UUID, uuid5
+
+from cryptography.hazmat.primitives import serialization
+from pydantic import TypeAdapter
+from redis.asyncio import Redis
+
+from schemas.events.v1 import (
+    AddCapacity,
+    DrainNode,
+    MigrateJob,
+    MigrateJobs,
+    OpsTask,
+    OutputValue,
+    ReleaseNode,
+    RemoveCapacity,
+    StartJob,
+    Step,
+    now_utc,
+)
+from services.analyzer.needs.hysteresis import BandArgs
+from services.analyzer.settings import AnalyzerSettings
+from services.capacity.provider import (
+    CapacityProvider,
+    NodeOffer,
+    ProviderContext,
+    build_provider,
+)
+from services.capacity.settings import CapacitySettings
+from services.executor.cluster_view import ClusterView
+from services.executor.planning import (
+    Move,
+    NodeView,
+    PoolView,
+    capacity_plan,
+    evacuation_moves,
+    guard_holds,
+    moves_text,
+    rebalance_moves,
+    removal_order,
+    standby_order,
+)
+from services.executor.ports import CentreResult, Completed, Failed, Waiting
+from services.executor.settings import ExecutorSettings
+from services.shared.redis_client import Keys, text
+from services.shared.signing import ensure_keypair, key_id, load_private_key
+
+log = logging.getLogger("clusterwarden.executor.centre")
+_IDS = uuid5(NAMESPACE_URL, "clusterwarden/executor/centre")
+_OUTPUTS = TypeAdapter(dict[str, OutputValue])
+# A remove-node child moves every job of its node, however many (the schema's maximum).
+EVACUATE_ALL = 64
+
+
+def child_task_id(parent: OpsTask, index: int, command_id: UUID, kind: str, name: str) -> UUID:
+    """A child's id: the same step attempt planning the same job or node gives the same id,
+    so a re-published child is deduplicated; another attempt gets new children."""
+    return uuid5(_IDS, f"{parent.task_id}:{index}:{command_id}:{kind}:{name}")
+
+
+class Centre:
+    """Checks guards and runs centre actions for the executor."""
+
+    def __init__(
+        self,
+        view: ClusterView,
+        provider: CapacityProvider,
+        settings: CapacitySettings | None = None,
+        analyzer: AnalyzerSettings | None = None,
+        *,
+        source: str = "executor",
+        clock: Callable[[], datetime] = now_utc,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.view = view
+        self.provider = provider
+        self.settings = settings or CapacitySettings()
+        # The same ranges the analyzer raised the need with (ANALYZER_* environment).
+        self.analyzer = analyzer or AnalyzerSettings()
+        self.source = source
+        self.clock = clock
+        self.sleep = sleep
+
+    # ------------------------------------------------------------ guards
+
+    async def check_guard(self, task: OpsTask, step: Step) -> tuple[bool, str]:
+        """Whether the step's guard holds on fresh state, and why (or why not)."""
+        if step.guard is None:
+            return True, "no guard"
+        cluster = task.cluster_id
+        pool_name = cast(str, getattr(step.action, "pool", None) or task.pool)
+        pool = await self._pool(task, pool_name)
+        node_id = getattr(step.action, "node_id", None) or task.target
+        node = await self.view.node(cluster, node_id) if step.guard == "node_has_jobs" else None
+        return guard_holds(step.guard, pool, node, self._band("scale", cluster, pool_name),
+                           self._band("load_balance", cluster, pool_name))
+
+    # ------------------------------------------------------------ actions
+
+    async def run(self, task: OpsTask, index: int, command_id: UUID,
+                  dry_run: bool) -> CentreResult:
+        """Carry out step `index`; idempotent per `command_id`.
+
+        With `dry_run` everything is planned and nothing is done: the outputs say what would.
+        """
+        if not dry_run:
+            cached = await self._recall(command_id)
+            if cached is not None:
+                return cached
+        action = task.steps[index].action
+        if isinstance(action, AddCapacity):
+            result = await self._add_capacity(task, action, command_id, dry_run)
+        elif isinstance(action, RemoveCapacity):
+            result = await self._remove_capacity(task, index, action, command_id, dry_run)
+        elif isinstance(action, MigrateJobs):
+            result = await self._migrate_jobs(task, index, action, command_id, dry_run)
+        elif isinstance(action, ReleaseNode):
+            result = await self._release_node(task, action, command_id, dry_run)
+        else:
+            return Failed(f"not_supported: {action.action} is not a centre action",
+                          permanent=True)
+        if not dry_run and not isinstance(result, Failed):
+            await self._remember(command_id, result)
+        return result
+
+    async def _add_capacity(self, task: OpsTask, action: AddCapacity, command_id: UUID,
+                            dry_run: bool) -> CentreResult:
+        cluster, pool_name = task.cluster_id, action.pool
+        pool = await self._pool(task, pool_name)
+        try:
+            offers = standby_order(await self.provider.standby(cluster, pool_name))
+        except Exception as err:
+            return _provider_failed("standby", err)
+        plan = capacity_plan(pool, offers, self._band("scale", cluster, pool_name), "out",
+                             action.nodes, target_pct=self.settings.target_util_pct)
+        outputs = plan.outputs() | {"provider": self.provider.name}
+        if dry_run:
+            return Completed(outputs | {"dry_run": True, "added": 0,
+                                        "would_add": ",".join(plan.nodes)[:256]})
+        if not plan.nodes:
+            return Completed(outputs | {"added": 0})
+        try:
+            added = await self.provider.acquire(cluster, pool_name, list(plan.nodes),
+                                                request_id=str(command_id))
+        except Exception as err:
+            return _provider_failed("acquire", err)
+        if len(added) < len(plan.nodes):
+            outputs["reason"] = (f"{plan.reason}; only {len(added)} of {len(plan.nodes)} "
+                                 "standby nodes were free")[:256]
+        ready = await self._wait_up(cluster, pool_name, added)
+        return Completed(outputs | {"added": len(added), "added_nodes": ",".join(added)[:256],
+                                    "ready": ready})
+
+    async def _remove_capacity(self, task: OpsTask, index: int, action: RemoveCapacity,
+                               command_id: UUID, dry_run: bool) -> CentreResult:
+        cluster, pool_name = task.cluster_id, action.pool
+        pool = await self._pool(task, pool_name)
+        try:
+            owned = await self.provider.owned(cluster, pool_name)
+        except Exception as err:
+            return _provider_failed("owned", err)
+        # Never the task's own node: an online task must not remove the node it brought back.
+        candidates = [NodeOffer(n.node_id, n.gpus) for n in removal_order(pool, owned)
+                      if n.node_id != task.target]
+        plan = capacity_plan(pool, candidates, self._band("scale", cluster, pool_name), "in",
+                             action.nodes, target_pct=self.settings.target_util_pct)
+        outputs = plan.outputs() | {"provider": self.provider.name}
+        if dry_run:
+            return Completed(outputs | {"dry_run": True, "removed": 0,
+                                        "would_remove": ",".join(plan.nodes)[:256]})
+        if not plan.nodes:
+            return Completed(outputs | {"removed": 0})
+        children = [self.remove_child(task, index, command_id, node, pool_name)
+                    for node in plan.nodes]
+        return Waiting(children, outputs | {"removing": len(children)})
+
+    async def _migrate_jobs(self, task: OpsTask, index: int, action: MigrateJobs,
+                            command_id: UUID, dry_run: bool) -> CentreResult:
+        cluster = task.cluster_id
+        pool = await self.view.pool(cluster, action.pool)
+        band = self._band("load_balance", cluster, action.pool)
+        unplaced = 0
+        if action.node_id is None:
+            moves = rebalance_moves(pool, band, action.max_jobs)
+            what = f"rebalance of pool {action.pool}"
+        else:
+            node = await self.view.node(cluster, action.node_id)
+            if node is None:
+                return Completed({"moved": 0, "reason": f"node {action.node_id} unknown"})
+            if node.active and node.pool == action.pool:
+                moves = rebalance_moves(pool, band, action.max_jobs, from_node=node.node_id)
+                what = f"rebalance of pool {action.pool} from {node.node_id}"
+            else:
+                moves, unplaced = evacuation_moves(pool, node, action.max_jobs)
+                what = f"evacuation of {node.node_id} ({node.state})"
+        outputs: dict[str, OutputValue] = {"planned": len(moves), "moves": moves_text(moves)}
+        if unplaced:
+            outputs["unplaced"] = unplaced
+        if not moves:
+            if unplaced:
+                # Capacity may come (a capacity step, a node back): worth another attempt.
+                return Failed(f"no_destination: no active node of pool {action.pool} can "
+                              f"take {unplaced} job(s) of {action.node_id}", permanent=False)
+            return Completed(outputs | {"moved": 0, "reason": f"{what}: no job to move"})
+        reason = f"{what}: {len(moves)} job(s) to move"
+        if unplaced:
+            reason += f", {unplaced} with no destination"
+        outputs["reason"] = reason[:256]
+        if dry_run:
+            return Completed(outputs | {"dry_run": True, "moved": 0})
+        children = [self.migrate_child(task, index, command_id, move, action.pool)
+                    for move in moves]
+        return Waiting(children, outputs)
+
+    async def _release_node(self, task: OpsTask, action: ReleaseNode, command_id: UUID,
+                            dry_run: bool) -> CentreResult:
+        node = await self.view.node(task.cluster_id, action.node_id)
+        if node is not None and node.active_jobs:
+            # Its last report may predate the moves: the next one will tell (retried).
+            return Failed(f"node_has_jobs: {node.node_id} still runs {node.active_jobs} "
+                          "job(s)", permanent=False)
+        if node is not None and node.active:
+            return Failed(f"node_not_drained: {node.node_id} still accepts work",
+                          permanent=False)
+        if dry_run:
+            return Completed({"dry_run": True, "released": False,
+                              "would_release": action.node_id})
+        try:
+            released = await self.provider.release(task.cluster_id, action.node_id,
+                                                   request_id=str(command_id))
+        except Exception as err:
+            return _provider_failed("release", err)
+        reason = ("stopped and unenrolled" if released
+                  else f"not added by the {self.provider.name} provider: left drained")
+        return Completed({"released": released, "node": action.node_id, "reason": reason})
+
+    # ------------------------------------------------------------ children
+
+    def migrate_child(self, parent: OpsTask, index: int, command_id: UUID, move: Move,
+                      pool: str) -> OpsTask:
+        """One job's move: checkpoint and stop it on its node, start it from the checkpoint
+        on the destination. Locks the job and the destination; the source node is already
+        locked by the parent (or is the parent's subject)."""
+        job, src, dst = move
+        settings = self.settings
+        task_id = child_task_id(parent, index, command_id, "migrate", job.job_id)
+        steps = [
+            Step(index=0, name="migrate-out",
+                 action=MigrateJob(node_id=src, job_id=job.job_id, to_node_id=dst,
+                                   checkpoint_timeout_s=settings.checkpoint_timeout_s),
+                 timeout_s=max(settings.migrate_step_timeout_s,
+                               settings.checkpoint_timeout_s + 10.0)),
+            Step(index=1, name="start",
+                 action=StartJob(node_id=dst, job_id=job.job_id, kind=job.kind,
+                                 checkpoint=job.job_id),
+                 timeout_s=settings.start_step_timeout_s),
+        ]
+        return self._child(parent, task_id, "migrate", job.job_id, pool,
+                           [f"job.{job.job_id}", f"node.{dst}"], steps)
+
+    def remove_child(self, parent: OpsTask, index: int, command_id: UUID, node: str,
+                     pool: str) -> OpsTask:
+        """One node's removal: drain it, move its jobs out, hand it back to the provider."""
+        settings = self.settings
+        task_id = child_task_id(parent, index, command_id, "remove", node)
+        steps = [
+            Step(index=0, name="drain", action=DrainNode(node_id=node),
+                 timeout_s=settings.drain_step_timeout_s),
+            Step(index=1, name="migrate-jobs",
+                 action=MigrateJobs(pool=pool, node_id=node, max_jobs=EVACUATE_ALL),
+                 guard="node_has_jobs", timeout_s=settings.children_step_timeout_s),
+            Step(index=2, name="release", action=ReleaseNode(node_id=node),
+                 timeout_s=settings.release_step_timeout_s),
+        ]
+        return self._child(parent, task_id, "remove_node", node, pool, [f"node.{node}"], steps)
+
+    def _child(self, parent: OpsTask, task_id: UUID, action_type: str, target: str,
+               pool: str, mutex: list[str], steps: list[Step]) -> OpsTask:
+        suffix = "migrate" if action_type == "migrate" else "remove"
+        return OpsTask(
+            event_id=uuid5(_IDS, f"{task_id}:created"),
+            source=self.source,
+            occurred_at=self.clock(),
+            cluster_id=parent.cluster_id,
+            subject=target,
+            correlation_id=str(parent.task_id),
+            task_id=task_id,
+            parent_task_id=parent.task_id,
+            need_id=parent.need_id,
+            need_kind=parent.need_kind,
+            template=f"{parent.template[:128 - len(suffix) - 1]}.{suffix}",
+            action_type=action_type,
+            pool=pool,
+            target=target,
+            priority=parent.priority,
+            mutex_keys=mutex,
+            dry_run=parent.dry_run,
+            steps=steps,
+            evidence=list(parent.evidence),
+        )
+
+    # ------------------------------------------------------------ helpers
+
+    def _band(self, need: str, cluster: str, pool: str) -> BandArgs:
+        args = self.analyzer.args_for(need, cluster, pool)
+        if not isinstance(args, BandArgs):
+            raise TypeError(f"{need} arguments are not a range: {type(args).__name__}")
+        return args
+
+    async def _pool(self, task: OpsTask, pool: str) -> PoolView:
+        """The pool, counting in the jobs of the task's node if it is leaving the pool."""
+        view = await self.view.pool(task.cluster_id, pool)
+        leaving: NodeView | None = await self.view.node(task.cluster_id, task.target)
+        return view.with_incoming(leaving)
+
+    async def _wait_up(self, cluster: str, pool: str, nodes: list[str]) -> bool:
+        """Wait (bounded) until new nodes report up, so the next step can place jobs there."""
+        if not nodes:
+            return True
+        deadline = time.monotonic() + self.settings.ready_timeout_s
+        while True:
+            view = await self.view.pool(cluster, pool)
+            if all(view.node(n) is not None for n in nodes):
+                return True
+            if time.monotonic() >= deadline:
+                log.warning("nodes %s not up in %s/%s after %.0fs", nodes, cluster, pool,
+                            self.settings.ready_timeout_s)
+                return False
+            await self.sleep(0.5)
+
+    def _result_key(self, command_id: UUID) -> str:
+        return f"{self.view.keys.prefix}centre-result:{command_id}"
+
+    async def _recall(self, command_id: UUID) -> CentreResult | None:
+        raw = await self.view.redis.get(self._result_key(command_id))
+        if raw is None:
+            return None
+        data: dict[str, Any] = json.loads(text(raw))
+        outputs = _OUTPUTS.validate_python(data.get("outputs", {}))
+        if data["kind"] == "waiting":
+            children = [OpsTask.model_validate_json(child) for child in data["children"]]
+            return Waiting(children, outputs)
+        return Completed(outputs)
+
+    async def _remember(self, command_id: UUID, result: Completed | Waiting) -> None:
+        data: dict[str, Any] = {"kind": "completed", "outputs": result.outputs}
+        if isinstance(result, Waiting):
+            data = {"kind": "waiting", "outputs": result.outputs,
+                    "children": [child.model_dump_json() for child in result.children]}
+        await self.view.redis.set(self._result_key(command_id), json.dumps(data),
+                                  ex=self.settings.result_ttl_s)
+
+
+def _provider_failed(call: str, err: Exception) -> Failed:
+    log.warning("capacity provider %s failed: %s", call, err)
+    return Failed(f"provider_error: {call}: {err}"[:256], permanent=False)
+
+
+# ---------------------------------------------------------------- wiring
+
+# What a standby agent inherits from the executor's environment (the fleet sets the rest).
+_AGENT_ENV_PREFIXES = ("WARDEN_", "KAFKA_", "AGENT_", "OTEL_")
+_AGENT_ENV_NAMES = ("PATH", "HOME", "LANG", "PYTHONPATH", "VIRTUAL_ENV", "TMPDIR")
+
+
+def agent_environment(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items()
+            if k.startswith(_AGENT_ENV_PREFIXES) or k in _AGENT_ENV_NAMES}
+
+
+def executor_public_key(signing_key: str, state_dir: str) -> Path:
+    """The public half of the executor's signing key, as a file agents can trust."""
+    if not signing_key:
+        return ensure_keypair(Path(state_dir) / "keys")[1]
+    public = load_private_key(Path(signing_key)).public_key()
+    path = Path(state_dir).resolve() / "keys" / f"{key_id(public)}.pub"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(public.public_bytes(serialization.Encoding.PEM,
+                                            serialization.PublicFormat.SubjectPublicKeyInfo))
+        tmp.replace(path)
+    return path
+
+
+def build_centre(settings: ExecutorSettings, redis: Redis, keys: Keys) -> Centre:
+    """The centre the executor runs: CAPACITY_* settings, the analyzer's ranges."""
+    capacity = CapacitySettings()
+    context = ProviderContext(
+        redis=redis, keys=keys, settings=capacity,
+        state_dir=Path(settings.state_dir).resolve(), namespace=settings.namespace,
+        env=agent_environment(os.environ),
+        trusted_keys=(executor_public_key(settings.signing_key, settings.state_dir),),
+    )
+    return Centre(ClusterView(redis, keys), build_provider(context), capacity,
+                  AnalyzerSettings())

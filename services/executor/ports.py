@@ -1,0 +1,64 @@
+"""The executor's narrow ports: what a centre action returns, and what the handlers call.
+
+Centre actions (add/remove capacity, migrate jobs, release a node) are carried out by the
+executor itself, not by an agent. The handlers only know this interface; the concrete
+centre (cluster view, capacity provider, planning) is wired in `app.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+from uuid import UUID
+
+from schemas.envelope import Envelope
+from schemas.events.v1 import OpsTask, OutputValue, Step
+from schemas.topics import Topic
+
+
+@dataclass(frozen=True)
+class Completed:
+    """The centre action is done; its outputs (initial/target resources...) join the step."""
+
+    outputs: dict[str, OutputValue] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The centre action failed; `permanent` means a retry cannot help."""
+
+    reason: str
+    permanent: bool = False
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """The centre action split into child tasks; the step ends when the last child does.
+
+    `outputs` (e.g. initial/target resources, the plan) join the step's outputs when it ends.
+    """
+
+    children: list[OpsTask]
+    outputs: dict[str, OutputValue] = field(default_factory=dict)
+
+
+CentreResult = Completed | Failed | Waiting
+
+
+class CentreActions(Protocol):
+    """Guards and centre actions, evaluated on fresh cluster state just before a step."""
+
+    async def check_guard(self, task: OpsTask, step: Step) -> tuple[bool, str]:
+        """Whether the step's guard holds now, and why (or why not)."""
+        ...
+
+    async def run(self, task: OpsTask, index: int, command_id: UUID,
+                  dry_run: bool) -> CentreResult:
+        """Carry out step `index`; idempotent per `command_id` (a re-run repeats nothing)."""
+        ...
+
+
+class Publisher(Protocol):
+    """Publishes events (the Kafka EventBus in production, a recorder in tests)."""
+
+    async def publish(self, topic: Topic, event: Envelope) -> None: ...

@@ -1,0 +1,81 @@
+"""Test helpers of the scheduler tests: a hand-moved clock, tasks, events and a recording bus."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from uuid import UUID, uuid4
+
+from schemas.envelope import Envelope
+from schemas.events.v1 import (
+    NodeStateName,
+    OpsTask,
+    OutputValue,
+    PoolHealth,
+    TaskEvent,
+    TaskState,
+    now_utc,
+)
+from schemas.topics import Topic
+from services.shared.messaging import EventBus
+from tests.contracts.examples import example
+
+
+class Clock:
+    """A clock the test moves by hand (epoch seconds)."""
+
+    def __init__(self, now: float = 1_800_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class RecordingBus(EventBus):
+    """An EventBus that keeps what is published instead of sending it."""
+
+    def __init__(self) -> None:  # no broker: nothing is sent
+        self.published: list[tuple[Topic, Envelope]] = []
+
+    async def publish(self, topic: Topic, event: Envelope) -> None:
+        self.published.append((topic, event))
+
+    def on(self, topic: Topic) -> list[Envelope]:
+        return [event for t, event in self.published if t is topic]
+
+
+def task(target: str, kind: str | None = None, cluster: str = "local",
+         pool: str = "default") -> OpsTask:
+    """An offline task for `target` (or, with `kind`, a child task of that action type)."""
+    task_id = uuid4()
+    base = example("ops_task", OpsTask)
+    return base.model_copy(update={
+        "event_id": uuid4(), "occurred_at": now_utc(), "cluster_id": cluster,
+        "subject": str(task_id), "task_id": task_id, "need_id": uuid4(), "target": target,
+        "pool": pool, "mutex_keys": [f"node.{target}"], "action_type": kind})
+
+
+def final_event(task_id: UUID, state: TaskState, cause: str | None = None,
+                cluster: str = "local", **outputs: OutputValue) -> TaskEvent:
+    """The executor's final event of a task; a failure carries its `cause`."""
+    if cause is not None:
+        outputs["cause"] = cause
+    return TaskEvent(
+        event_id=uuid4(), source="executor", occurred_at=now_utc(), cluster_id=cluster,
+        subject=str(task_id), task_id=task_id, state=state, previous_state="running",
+        actor="executor", reason=f"task {state}", outputs=outputs)
+
+
+def pool_health(states: dict[NodeStateName, int], cluster: str = "local",
+                pool: str = "default", age_s: float = 0.0) -> PoolHealth:
+    """A pool's health as the analyzer would publish it now."""
+    total = sum(states.values())
+    counted = total - states.get("offline", 0)
+    unhealthy = states.get("suspect", 0) + states.get("down", 0)
+    return PoolHealth(
+        event_id=uuid4(), source="analyzer", occurred_at=now_utc() - timedelta(seconds=age_s),
+        cluster_id=cluster, subject=pool, pool=pool, nodes_total=total, nodes_by_state=states,
+        unhealthy_fraction=unhealthy / counted if counted else 0.0, gpu_utilization_pct=50.0,
+        effective_utilization_pct=50.0)
