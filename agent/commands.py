@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from agent.actions import JOB_ACTIONS, JobActions
 from agent.effects import IN_PROGRESS, Effect, Outcome
 from agent.faults import FaultPlan
-from agent.journal import Journal
+from agent.journal import NODE_FENCE, Journal
 from schemas.events.v1 import (
     Action,
     ActionName,
@@ -84,6 +84,12 @@ def check_window(
 # nor advance seq and epoch.
 UNORDERED_ACTIONS: frozenset[str] = frozenset({"probe_node", "query_status",
                                                "set_report_interval", "cancel"})
+
+
+def fence_of(action: Action) -> str:
+    """What a command's epoch fences: its job for a job action, else the node itself."""
+    job_id = getattr(action, "job_id", None)
+    return f"job:{job_id}" if isinstance(job_id, str) else NODE_FENCE
 
 
 def check_order(payload: CommandPayload, last_seq: int | None, max_epoch: int | None) -> str | None:
@@ -261,7 +267,8 @@ class CommandExecutor:
             )
 
         last_seq = self.journal.last_seq
-        order = check_order(payload, last_seq, self.journal.max_epoch)
+        fence = fence_of(payload.action)
+        order = check_order(payload, last_seq, self.journal.max_epoch_for(fence))
         if order is not None:
             return self._reject(command, payload, order, now)
         if last_seq is not None and payload.seq > last_seq + 1:
@@ -341,7 +348,8 @@ class CommandExecutor:
         ordered = action.action not in UNORDERED_ACTIONS
         self.journal.record(result, seq=payload.seq if ordered else None,
                             epoch=payload.epoch if ordered else None, accepted=True,
-                            mode=effect.mode, interval_s=effect.interval_s, now=now)
+                            mode=effect.mode, interval_s=effect.interval_s,
+                            fence=fence_of(action), now=now)
         log.info("command %s %s: %s %s %s", payload.command_id, action.action, effect.outcome,
                  effect.reason, effect.outputs)
         return result
@@ -369,7 +377,7 @@ class CommandExecutor:
                                effect.outputs, now)
         # Accepted now: it takes its place in the ordering, and a replay is a duplicate.
         self.journal.record(pending, seq=payload.seq, epoch=payload.epoch, accepted=True,
-                            now=now)
+                            fence=fence_of(payload.action), now=now)
         task = loop.create_task(self._finish_long(command, payload, run),
                                 name=f"command-{payload.command_id}")
         task.add_done_callback(partial(self._long_done, command, payload))

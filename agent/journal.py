@@ -50,6 +50,17 @@ CREATE TABLE IF NOT EXISTS config (
 _MODES: tuple[NodeMode, ...] = ("active", "draining", "offline")
 
 
+# What a fencing epoch guards. Node actions (drain, offline, ...) share the node's fence; a
+# job action fences only its job, so two tasks moving different jobs in and out of one node
+# at once (each with its own epoch) do not make each other's commands look stale.
+NODE_FENCE = "node"
+
+
+def fence_key(fence: str) -> str:
+    """The meta key of a fence's highest epoch (the node's keeps its original name)."""
+    return "max_epoch" if fence == NODE_FENCE else f"max_epoch:{fence}"
+
+
 class Journal:
     """One agent's journal; every write is one durable transaction."""
 
@@ -84,8 +95,12 @@ class Journal:
 
     @property
     def max_epoch(self) -> int | None:
-        """The highest fencing epoch accepted so far."""
+        """The highest fencing epoch accepted so far for the node itself (its mode)."""
         return self._meta("max_epoch")
+
+    def max_epoch_for(self, fence: str) -> int | None:
+        """The highest fencing epoch accepted so far for one fenced target (see `fence_key`)."""
+        return self._meta(fence_key(fence))
 
     @property
     def mode(self) -> NodeMode:
@@ -121,9 +136,11 @@ class Journal:
         accepted: bool,
         mode: NodeMode | None = None,
         interval_s: float | None = None,
+        fence: str = NODE_FENCE,
         now: datetime,
     ) -> bool:
-        """Journal a result (advancing seq and epoch if `accepted`); False if already journaled."""
+        """Journal a result (advancing seq, and the epoch of `fence`, if `accepted`); False if
+        already journaled."""
         # The first result is the one that counts: a later rejection of the same command id
         # (a replay after expiry, say) must never overwrite what was executed.
         with self._transaction():
@@ -146,7 +163,7 @@ class Journal:
                 return False
             if accepted and seq is not None and epoch is not None:
                 self._raise_meta("last_seq", seq)
-                self._raise_meta("max_epoch", epoch)
+                self._raise_meta(fence_key(fence), epoch)
             if mode is not None:
                 self._set_mode(mode)
             if interval_s is not None:

@@ -7,6 +7,7 @@ import contextlib
 import json
 import signal
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
@@ -95,10 +96,26 @@ def describe(topic: Topic, body: bytes) -> str:
         step = ""
         if event.step_index is not None:
             step = f" step {event.step_index} {event.step_state}"
-        return f"{stamp} task   {str(event.task_id)[:8]}  {event.state}{step}  {event.reason}"
+        child = f" (child of {str(event.parent_task_id)[:8]})" if event.parent_task_id else ""
+        return (f"{stamp} task   {str(event.task_id)[:8]}  {event.state}{step}  {event.reason}"
+                f"{child}{step_effect(event.outputs)}")
     if isinstance(event, Alert):
         return f"{stamp} ALERT  {event.severity:<8} {event.kind}: {event.message}"
     return f"{stamp} {event.event_type}"
+
+
+def step_effect(outputs: Mapping[str, object]) -> str:
+    """What a completed step did, in a few words, for the steps an operator cares about."""
+    if "resumed_step" in outputs and outputs.get("started"):
+        return (f"\n           -> job {outputs.get('job_id')} runs again, from step "
+                f"{outputs['resumed_step']}")
+    if "step" in outputs and "checkpoint" in outputs:
+        return f"\n           -> job {outputs.get('job_id')} checkpointed at step {outputs['step']}"
+    if outputs.get("added"):
+        return f"\n           -> added {outputs.get('added_nodes')}: {outputs.get('reason')}"
+    if outputs.get("released"):
+        return f"\n           -> {outputs.get('node')} {outputs.get('reason')}"
+    return ""
 
 
 async def watch(settings: ServiceSettings, until_task_state: str | None = None,
@@ -239,6 +256,8 @@ def fleet_kill(node: str) -> None:
 
 # Shorter holds than in production, so the demo shows every need within a couple of minutes.
 DEMO_SETTINGS = {
+    # Two standby nodes the local capacity provider can start when the pool runs hot.
+    "CAPACITY_LOCAL_STANDBY": "standby-1:2,standby-2:4",
     "ANALYZER_POOL_PERIOD_S": "2",
     "ANALYZER_LOAD_BALANCE__HOLD_S": "10",
     "ANALYZER_SCALE__HOLD_S": "20",
@@ -251,9 +270,9 @@ def demo(
     nodes: Annotated[int, typer.Option(min=2, max=50)] = 3,
     fault_after: Annotated[float, typer.Option(help="Seconds before the first fault.")] = 12.0,
 ) -> None:
-    """Services plus a local fleet, then a scripted day: a GPU fault becomes a succeeded
-    offline task, one hot node raises a load-balance need, a busy pool a scale-out need, and
-    the repaired node an online need. Ctrl-C stops everything."""
+    """Services plus a local fleet, then a scripted day: a GPU fault takes its node offline
+    and its jobs run again elsewhere from their checkpoints, a hot node gives a job away, a
+    busy pool gets a standby node, and the repaired node returns. Ctrl-C stops everything."""
     from agent import fleet
 
     settings = _settings()

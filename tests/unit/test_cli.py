@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from schemas.events.v1 import Alert
 from schemas.topics import Topic
 from services import cli
-from services.cli import WATCHED, describe
+from services.cli import WATCHED, describe, step_effect
 from services.scheduler.breaker import BreakerState, Outcome
 from services.scheduler.breaker_store import BreakerStore
 from services.scheduler.settings import SchedulerSettings
@@ -36,6 +36,19 @@ def test_every_watched_event_has_a_readable_line(topic: Topic) -> None:
     line = describe(topic, examples()[name].model_dump_json().encode())
     for part in expected:
         assert part in line
+
+
+def test_a_step_that_moved_a_job_or_added_a_node_says_so() -> None:
+    resumed = step_effect({"job_id": "node-002.train", "started": True, "resumed_step": 152})
+    assert "job node-002.train runs again, from step 152" in resumed
+    saved = step_effect({"job_id": "node-002.train", "checkpoint": "node-002.train",
+                         "step": 150})
+    assert "checkpointed at step 150" in saved
+    added = step_effect({"added": 1, "added_nodes": "standby-1",
+                         "reason": "3 nodes at 90% -> add 1 node"})
+    assert "added standby-1: 3 nodes at 90% -> add 1 node" in added
+    assert step_effect({"added": 0, "reason": "no standby capacity"}) == ""
+    assert step_effect({"mode": "draining"}) == ""
 
 
 # ------------------------------------------------------------------ warden breaker

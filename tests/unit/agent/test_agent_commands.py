@@ -259,6 +259,31 @@ def test_stale_epoch_is_rejected(
     assert journal.max_epoch == 2
 
 
+def test_a_job_action_is_fenced_by_its_job_not_by_the_node(
+    executor: CommandExecutor, centre: Any, journal: Journal, now: datetime
+) -> None:
+    # Two tasks move different jobs through one node at once, each under its own epoch: the
+    # later epoch of one must not make the other's commands stale.
+    first = executor.handle(centre.command(StopJob(node_id=NODE, job_id="a"), seq=1, epoch=5),
+                            now)
+    assert first is not None
+    assert first.reason != "stale_epoch"
+    assert journal.max_epoch_for("job:a") == 5
+    assert journal.max_epoch is None
+    other_job = executor.handle(
+        centre.command(StopJob(node_id=NODE, job_id="b"), seq=2, epoch=3), now)
+    assert other_job is not None
+    assert other_job.reason != "stale_epoch"
+    node_action = executor.handle(centre.command(seq=3, epoch=1), now)
+    assert node_action is not None
+    assert node_action.outcome == "succeeded"
+    # The same job under an older epoch is an executor that lost its lease.
+    stale = executor.handle(centre.command(StopJob(node_id=NODE, job_id="a"), seq=4, epoch=4),
+                            now)
+    assert stale is not None
+    assert (stale.outcome, stale.reason) == ("rejected", "stale_epoch")
+
+
 def test_rejection_never_overwrites_an_executed_result(
     executor: CommandExecutor, centre: Any, journal: Journal, now: datetime
 ) -> None:
