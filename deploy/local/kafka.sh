@@ -312,12 +312,14 @@ cmd_start() {
 
     # nohup + redirected stdio so the broker outlives this shell and never writes to the terminal.
     # fd 9 (the lock) is closed for the broker, or it would hold the lock for as long as it runs.
-    # Heap is fixed small: a dev broker holding a few test topics does not need Kafka's 1 GB default.
+    # Heap (KAFKA_HEAP, default 1g, Kafka's own default): a test run creates a namespace of
+    # topics per test, thousands of partitions in all; 512m ran out with a few hundred
+    # namespaces (tests now delete theirs, see tests/integration/harness.py).
     # log4j2's own shutdown hook races Kafka's: it stopped logging before Kafka had finished
     # shutting down, so the last shutdown lines went to kafka.out as "Unable to register Log4j
     # shutdown hook ... Using SimpleLogger". Without the hook logging lasts until the JVM exits;
     # nothing is lost because the file appender flushes every line.
-    nohup java -Xms512m -Xmx512m -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+    nohup java -Xms"${KAFKA_HEAP:-1g}" -Xmx"${KAFKA_HEAP:-1g}" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
         -Djava.awt.headless=true \
         -Dlog4j2.shutdownHookEnabled=false \
         -Dlog4j2.configurationFile="${LOG4J_PROPS}" \

@@ -70,6 +70,8 @@ _IDS = uuid5(NAMESPACE_URL, "clusterwarden/executor/centre")
 _OUTPUTS = TypeAdapter(dict[str, OutputValue])
 # A remove-node child moves every job of its node, however many (the schema's maximum).
 EVACUATE_ALL = 64
+# Task kinds whose migrate_jobs step on their own target empties a node leaving service.
+LEAVING_KINDS: frozenset[str] = frozenset({"offline", "remove_node"})
 
 
 def child_task_id(parent: OpsTask, index: int, command_id: UUID, kind: str, name: str) -> UUID:
@@ -207,7 +209,10 @@ class Centre:
             node = await self.view.node(cluster, action.node_id)
             if node is None:
                 return Completed({"moved": 0, "reason": f"node {action.node_id} unknown"})
-            if node.active and node.pool == action.pool:
+            # A task taking its node out evacuates it even if the node's last report, from
+            # before the drain or offline step that just ended, still says it is active.
+            leaving = task.kind in LEAVING_KINDS and node.node_id == task.target
+            if node.active and node.pool == action.pool and not leaving:
                 moves = rebalance_moves(pool, band, action.max_jobs, from_node=node.node_id)
                 what = f"rebalance of pool {action.pool} from {node.node_id}"
             else:
@@ -235,9 +240,9 @@ class Centre:
     async def _release_node(self, task: OpsTask, action: ReleaseNode, command_id: UUID,
                             dry_run: bool) -> CentreResult:
         node = await self.view.node(task.cluster_id, action.node_id)
-        if node is not None and node.active_jobs:
+        if node is not None and node.owned_jobs:
             # Its last report may predate the moves: the next one will tell (retried).
-            return Failed(f"node_has_jobs: {node.node_id} still runs {node.active_jobs} "
+            return Failed(f"node_has_jobs: {node.node_id} still owns {node.owned_jobs} "
                           "job(s)", permanent=False)
         if node is not None and node.active:
             return Failed(f"node_not_drained: {node.node_id} still accepts work",
@@ -260,8 +265,12 @@ class Centre:
                       pool: str) -> OpsTask:
         """One job's move: checkpoint and stop it on its node, start it from the checkpoint
         on the destination. Locks the job and the destination; the source node is already
-        locked by the parent (or is the parent's subject)."""
+        locked by the parent (or is the parent's subject). Sibling moves out of one node run
+        side by side: agents fence job commands per job, so one sibling's newer epoch does
+        not make another's commands stale.
+        """
         job, src, dst = move
+        mutex = [f"job.{job.job_id}", f"node.{dst}"]
         settings = self.settings
         task_id = child_task_id(parent, index, command_id, "migrate", job.job_id)
         steps = [
@@ -275,8 +284,7 @@ class Centre:
                                  checkpoint=job.job_id),
                  timeout_s=settings.start_step_timeout_s),
         ]
-        return self._child(parent, task_id, "migrate", job.job_id, pool,
-                           [f"job.{job.job_id}", f"node.{dst}"], steps)
+        return self._child(parent, task_id, "migrate", job.job_id, pool, mutex, steps)
 
     def remove_child(self, parent: OpsTask, index: int, command_id: UUID, node: str,
                      pool: str) -> OpsTask:

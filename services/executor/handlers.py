@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -236,6 +237,10 @@ class Executor:
         await self.bus.publish(
             Topic.NODE_COMMANDS, self.signer.sign(payload, wf.task.cluster_id, SOURCE)
         )
+        if self.settings.crash_at == f"after_send:{action.action}":
+            # Fault injection for tests: die as a kill -9 would, before the step's result.
+            log.critical("crash_at %s: exiting now", self.settings.crash_at)
+            os._exit(137)
 
     # -------------------------------------------------------- centre actions and children
 

@@ -87,6 +87,13 @@ class NodeView:
         # Only the first jobs are listed; the count covers the rest (assumed active).
         return listed + max(0, self.job_count - len(self.jobs))
 
+    @property
+    def owned_jobs(self) -> int:
+        """Jobs the node still owns, wherever they stand: a drain stops serving jobs, and a
+        stopped job is gone for good if its node is released before it is moved out."""
+        listed = sum(1 for job in self.jobs if job.state in EVACUABLE_JOB_STATES)
+        return listed + max(0, self.job_count - len(self.jobs))
+
 
 @dataclass(frozen=True)
 class PoolView:
@@ -522,7 +529,10 @@ def evacuation_moves(pool: PoolView, node: NodeView, max_jobs: int) -> tuple[lis
     loads = {name: n.load for name, n in takers.items()}
     each = job_load(node, pool)
     moves: list[Move] = []
-    movable = sorted(node.jobs_to_move, key=lambda j: j.job_id)
+    # Every owned job, even if the node's last report still shows it in service (the report
+    # may predate the drain or offline step just before the move).
+    movable = sorted((j for j in node.jobs if j.state in EVACUABLE_JOB_STATES),
+                     key=lambda j: j.job_id)
     for job in movable[:max_jobs]:
         if not takers:
             break

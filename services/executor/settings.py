@@ -42,3 +42,9 @@ class ExecutorSettings(ServiceSettings):
         description="Added to a task's worst-case run time for the TTL of locks taken again "
         "on retry or resume (as the scheduler does at dispatch).",
     )
+    crash_at: str = Field(
+        default="",
+        description="Fault-injection hook for tests only: 'after_send:<action>' makes the "
+        "process exit at once (os._exit(137), as a kill -9) right after it published the "
+        "command of a step with that action. Empty: off.",
+    )

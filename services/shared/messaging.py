@@ -240,6 +240,22 @@ async def _wait_for_leaders(admin: AIOKafkaAdminClient, names: list[str],
         await asyncio.sleep(0.2)
 
 
+async def delete_topics(bootstrap: str, namespace: str) -> None:
+    """Delete every topic of `namespace` (a finished test run's): a broker holding thousands of
+    idle partitions spends its heap and its controller's time on them."""
+    if not namespace:
+        raise ValueError("refusing to delete the production (un-namespaced) topics")
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+    try:
+        await admin.start()
+        prefix = f"{namespace}."
+        doomed = [t for t in await admin.list_topics() if t.startswith(prefix)]
+        if doomed:
+            await admin.delete_topics(doomed)
+    finally:
+        await admin.close()
+
+
 async def ensure_topics(bootstrap: str, namespace: str, attempts: int = 30) -> None:
     """Create every topic of `namespace` if missing (idempotent; retries while Kafka starts)."""
     wanted = all_topic_names(namespace)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -15,7 +16,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from schemas.events.v1 import TaskEvent
 from schemas.topics import Topic, topic_name
 from services import launcher
-from services.shared.messaging import ensure_topics
+from services.shared.messaging import delete_topics, ensure_topics
 
 
 class Record(Protocol):
@@ -120,6 +121,8 @@ async def services(env: dict[str, str], state_dir: Path,
         failed = False
     finally:
         launcher.stop_services(running)
+        with contextlib.suppress(Exception):  # housekeeping: never the reason a test fails
+            await delete_topics(env["KAFKA_BOOTSTRAP_SERVERS"], env["WARDEN_NAMESPACE"])
         if failed:
             for svc in running:
                 text = svc.log_path.read_text(errors="replace")

@@ -125,7 +125,8 @@ async def test_a_gpu_fault_moves_the_training_job_to_another_node_with_its_progr
 
                 # One child task moved the job: out of node-002 with a checkpoint, into a
                 # healthy node from it.
-                assert children, "\n".join(f"{e.step_index} {e.step_state} {e.reason} {e.outputs}" for e in parent)
+                assert children, "\n".join(
+                    f"{e.step_index} {e.step_state} {e.reason} {e.outputs}" for e in parent)
                 assert children[-1].state == "succeeded", [e.reason for e in children]
                 out = step_outputs(children, "migrate_job")
                 into = step_outputs(children, "start_job")

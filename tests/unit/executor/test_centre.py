@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from uuid import UUID, uuid4
 
 import pytest
@@ -61,6 +61,9 @@ NEED = UUID(int=7)
 
 
 
+JobState = Literal["starting", "running", "checkpointing", "stopped", "failed", "hung"]
+
+
 class Cluster:
     """Nodes as their agents report them, through the collector's own script."""
 
@@ -70,7 +73,8 @@ class Cluster:
         self.seq = 0
 
     async def node(self, node: str, util: float, *, gpus: int = 4, jobs: int = 0,
-                   mode: NodeMode = "active", pool: str = "default") -> None:
+                   mode: NodeMode = "active", pool: str = "default",
+                   job_state: JobState = "running") -> None:
         self.seq += 1
         template = example("node_report", NodeReport)
         report = template.model_copy(update={
@@ -78,7 +82,7 @@ class Cluster:
             "node_id": node, "subject": node, "seq": self.seq, "pool": pool, "mode": mode,
             "faults": [],
             "gpus": [template.gpus[0].model_copy(update={"index": i}) for i in range(gpus)],
-            "jobs": [JobInfo(job_id=f"{node}-j{i}", kind="training", state="running")
+            "jobs": [JobInfo(job_id=f"{node}-j{i}", kind="training", state=job_state)
                      for i in range(jobs)],
         })
         await self.store.apply_reports([(report, state_from_mode(mode), util)], 1.5)
@@ -369,6 +373,37 @@ async def test_release_only_an_emptied_drained_node(cluster: Cluster) -> None:
     assert isinstance(done, Completed)
     assert done.outputs["released"] is True
     assert provider.calls == [("release", "standby-1", str(command))]
+
+
+async def test_a_node_is_not_released_while_it_owns_stopped_jobs(cluster: Cluster) -> None:
+    # A drain stops serving jobs; they still belong to the node until they are moved out, and
+    # releasing it then would lose them.
+    provider = FakeProvider(cluster, [], owned=["standby-1"])
+    await cluster.node("standby-1", 0.0, jobs=2, mode="draining", job_state="stopped")
+    result = await centre(cluster, provider).run(
+        task(ReleaseNode(node_id="standby-1")), 0, uuid4(), False)
+    assert isinstance(result, Failed)
+    assert result.reason.startswith("node_has_jobs")
+    assert not result.permanent
+    assert provider.calls == []
+
+
+async def test_a_task_taking_its_node_out_evacuates_it_despite_a_stale_active_report(
+    cluster: Cluster,
+) -> None:
+    # Right after the drain step the collector may still hold the node's last report (active):
+    # the offline task must still move every job off its own node, not rebalance from it.
+    await cluster.node("leaving", 30.0, jobs=2)
+    await cluster.node("a", 40.0)
+    parent = task(MigrateJobs(pool="default", node_id="leaving"), target="leaving",
+                  need_kind="offline")
+    result = await centre(cluster, NoneProvider()).run(parent, 0, uuid4(), False)
+    assert isinstance(result, Waiting)
+    assert sorted(c.target for c in result.children) == ["leaving-j0", "leaving-j1"]
+    # Sibling moves out of one node run side by side: each locks only its job and its
+    # destination (agents fence job commands per job).
+    for child in result.children:
+        assert child.mutex_keys == [f"job.{child.target}", "node.a"]
 
 
 async def test_an_agent_action_is_not_a_centre_action(cluster: Cluster) -> None:
