@@ -21,8 +21,6 @@ from services.scheduler.settings import SchedulerSettings
 from services.shared.redis_client import Keys
 from tests.unit.scheduler.helpers import Clock, RecordingBus, final_event, pool_health, task
 
-BIG_POOL = pool_health({"up": 100})  # a budget of 10
-
 
 def scheduler(redis: Redis, keys: Keys, clock: Clock, **settings: Any) -> Scheduler:
     config = SchedulerSettings(**({"rate_burst": 100} | settings))
@@ -49,7 +47,8 @@ def alerts(s: Scheduler) -> list[Alert]:
 
 
 async def queue(s: Scheduler, *tasks: OpsTask) -> None:
-    await s.on_pool_health(BIG_POOL)
+    # Fresh health every time: the scheduler refuses health older than a minute.
+    await s.on_pool_health(pool_health({"up": 100}))  # a budget of 10
     for t in tasks:
         await s.on_task(t)
 
