@@ -5,21 +5,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
+from uuid import UUID
 
 import typer
 from aiokafka import AIOKafkaConsumer
-from pydantic import TypeAdapter, ValidationError
+from pydantic import SecretStr, TypeAdapter, ValidationError
 
 from schemas.catalog import TOPIC_MODELS
 from schemas.envelope import Identifier, Reason
 from schemas.events.v1 import Alert, NodeState, OpsNeed, TaskEvent
 from schemas.topics import Topic, topic_name
 from services import launcher
+from services.api.client import ApiClient, ApiError, ClientSettings
 from services.scheduler.breaker import SCOPE_SEPARATOR, BreakerState, breaker_name
 from services.scheduler.breaker_store import BreakerReset, BreakerStore
 from services.scheduler.handlers import reset_alert
@@ -153,13 +156,55 @@ def events() -> None:
         asyncio.run(watch(_settings()))
 
 
+def _api_url() -> str:
+    from services.api.settings import ApiSettings
+
+    api = ApiSettings()
+    return f"http://{api.host}:{api.port}"
+
+
+LOCAL_TOKENS_FILE = "api-tokens"
+LOCAL_ADMIN = "local-admin"
+
+
+def local_tokens_file(settings: ServiceSettings) -> Path:
+    """The token file `warden up` makes for a local API when none is configured."""
+    return _state_dir(settings) / "keys" / LOCAL_TOKENS_FILE
+
+
+def _api_env(settings: ServiceSettings) -> dict[str, str]:
+    """What the API (and the templater) need beside the shared settings.
+
+    Without API_TOKENS or API_TOKENS_FILE every call would be refused, so a local admin token
+    is made once in the state folder (readable by its owner only), where `warden tasks ...`
+    finds it too; the templater is pointed at the template folder the API edits.
+    """
+    from services.api.auth import new_token
+    from services.api.templates import templater_env
+
+    env = templater_env(os.environ.get("TEMPLATER_TEMPLATE_DIR", ""), str(_state_dir(settings)))
+    if not (os.environ.get("API_TOKENS") or os.environ.get("API_TOKENS_FILE")):
+        path = local_tokens_file(settings)
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(f"# made by `warden up`: the local admin's token\n"
+                          f"{new_token()}:{LOCAL_ADMIN}:admin\n")
+        env["API_TOKENS_FILE"] = str(path)
+    return env
+
+
 @app.command()
 def up() -> None:
-    """Run every control-plane service, each in its own process, until Ctrl-C."""
+    """Run every control-plane service and the API, each in its own process, until Ctrl-C."""
     settings = _settings()
     asyncio.run(ensure_topics(settings.kafka_bootstrap_servers, settings.namespace))
-    services = launcher.start_services(_state_dir(settings), _service_env(settings))
+    services = launcher.start_services(_state_dir(settings),
+                                       _service_env(settings) | _api_env(settings),
+                                       launcher.PROCESSES)
     typer.echo("services: " + ", ".join(f"{s.name} (pid {s.process.pid})" for s in services))
+    typer.echo(f"API and console: {_api_url()}")
     try:
         while not launcher.dead_services(services):
             time.sleep(1.0)
@@ -277,17 +322,18 @@ def demo(
 
     settings = _settings()
     state = _state_dir(settings)
-    env = _service_env(settings) | DEMO_SETTINGS
+    env = _service_env(settings) | _api_env(settings) | DEMO_SETTINGS
     asyncio.run(ensure_topics(settings.kafka_bootstrap_servers, settings.namespace))
     _, public = ensure_keypair(state / "keys")
-    services = launcher.start_services(state, env)
+    services = launcher.start_services(state, env, launcher.PROCESSES)
     names = [f"node-{i:03d}" for i in range(1, nodes + 1)]
     for node in names:  # a calm start: every GPU at 40%
         fleet.inject_fault(state, node, load_pct=40.0)
     agents = fleet.fleet_up(nodes, 2, settings.cluster_id, settings.namespace, state, env,
                             [public], 2.0)
     _enrol(settings, [a.node_id for a in agents])
-    typer.echo(f"services and {len(agents)} agents running; logs in {state / 'logs'}")
+    typer.echo(f"services and {len(agents)} agents running; logs in {state / 'logs'}; "
+               f"console at {_api_url()}")
     victim, hot = names[1], names[0]
 
     def step(text: str) -> None:
@@ -461,6 +507,454 @@ def breaker_reset(
         # The reset and its audit entry stand; only the announcement is missing.
         typer.echo(f"the breaker_reset alert could not be published: {err!r}", err=True)
         raise typer.Exit(1) from err
+
+
+# ------------------------------------------------------------------ tasks, nodes, templates
+
+tasks_app = typer.Typer(help="Ops tasks: list, show and intervene (through the API).",
+                        no_args_is_help=True)
+app.add_typer(tasks_app, name="tasks")
+templates_app = typer.Typer(help="Task templates: list, show, validate, save (through the API).",
+                            no_args_is_help=True)
+app.add_typer(templates_app, name="templates")
+api_app = typer.Typer(help="Run the operators' HTTP API and web console (no subcommand), or "
+                           "make a token for it (`token`).")
+app.add_typer(api_app, name="api")
+
+FINAL_TASK_STATES = frozenset({"succeeded", "failed", "terminated"})
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON (for scripts).")]
+WaitOption = Annotated[bool, typer.Option(
+    "--wait", help="Follow the task, printing each transition, until it settles.")]
+TimeoutOption = Annotated[float, typer.Option(min=1.0, help="Give up waiting after this, s.")]
+ReasonOption = Annotated[str, typer.Option(help="Why (recorded with the control and in the "
+                                                "audit log).", callback=_reason)]
+
+
+def api_client() -> ApiClient:
+    """The API client of WARDEN_API_URL and WARDEN_API_TOKEN (replaced in tests).
+
+    Without WARDEN_API_TOKEN, the local admin token `warden up` made is used, if there is one.
+    """
+    client = ClientSettings()
+    if not client.token.get_secret_value():
+        local = local_tokens_file(_settings())
+        if local.exists():
+            entries = [line for line in local.read_text().splitlines()
+                       if line.strip() and not line.startswith("#")]
+            if entries:
+                client = client.model_copy(
+                    update={"token": SecretStr(entries[0].partition(":")[0])})
+    return ApiClient(client)
+
+
+def _fail(err: ApiError) -> typer.Exit:
+    typer.echo(f"error ({err.status}): {err}" if err.status else f"error: {err}", err=True)
+    return typer.Exit(1)
+
+
+def _print_json(value: object) -> None:
+    typer.echo(json.dumps(value, indent=2, sort_keys=True))
+
+
+def table(headers: list[str], rows: list[list[str]], max_width: int = 60) -> str:
+    """A plain-text table: one header line, one line per row, columns padded to fit."""
+    cells = [[c if len(c) <= max_width else c[:max_width - 1] + "~" for c in row]
+             for row in rows]
+    widths = [max([len(h), *(len(row[i]) for row in cells)]) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+              for row in cells]
+    return "\n".join(lines)
+
+
+def when(value: object) -> str:
+    """An API time (ISO, UTC) as `YYYY-MM-DD HH:MM:SS`; '-' for none."""
+    if not isinstance(value, str) or not value:
+        return "-"
+    return value.replace("T", " ")[:19]
+
+
+def _text(value: object) -> str:
+    return "-" if value is None or value == "" else str(value)
+
+
+def step_of(task: Mapping[str, Any]) -> str:
+    """`current/total` steps (1-based), as far as they are known."""
+    total, current = task.get("step_count"), task.get("current_step")
+    if total is None:
+        return "-"
+    return f"{(current + 1) if current is not None else 0}/{total}"
+
+
+def tasks_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    return table(["TASK", "STATE", "KIND", "TARGET", "STEP", "TEMPLATE", "UPDATED", "REASON"],
+                 [[str(r["task_id"]), r["state"], _text(r.get("kind") or r.get("need_kind")),
+                   _text(r.get("target")), step_of(r), _text(r.get("template")),
+                   when(r.get("updated_at")), _text(r.get("reason"))] for r in rows])
+
+
+def resources(outputs: Mapping[str, Any]) -> str:
+    """`initial -> target` of a capacity change a step recorded (empty if none)."""
+    if "initial_nodes" not in outputs or "target_nodes" not in outputs:
+        return ""
+
+    def side(prefix: str) -> str:
+        util = outputs.get(f"{prefix}_util_pct")
+        shown = f" at {util:g}%" if isinstance(util, int | float) else ""
+        return f"{outputs[f'{prefix}_nodes']} nodes{shown}"
+
+    return f"{side('initial')} -> {side('target')}"
+
+
+def describe_task(task: Mapping[str, Any]) -> str:
+    """`warden tasks show`: the task, its evidence, steps, children and transitions."""
+    parent = task.get("parent_task_id")
+    lines = [
+        f"task      {task['task_id']}" + (f"  (child of {parent})" if parent else ""),
+        f"state     {task['state']}  {_text(task.get('reason'))}",
+        f"kind      {_text(task.get('kind'))} (need {_text(task.get('need_kind'))}), template "
+        f"{_text(task.get('template'))}, priority {_text(task.get('priority'))}"
+        + ("  DRY RUN" if task.get("dry_run") else ""),
+        f"where     cluster {task['cluster_id']}, pool {_text(task.get('pool'))}, target "
+        f"{_text(task.get('target'))}",
+        f"times     created {when(task.get('created_at'))}, updated "
+        f"{when(task.get('updated_at'))}, finished {when(task.get('finished_at'))}",
+    ]
+    evidence = task.get("evidence") or []
+    if evidence:
+        lines.append("evidence")
+        for ev in evidence:
+            lines.append(f"  {ev.get('metric')}={ev.get('value')} outside "
+                         f"[{ev.get('range_low')}, {ev.get('range_high')}] "
+                         f"{ev.get('detail', '')}".rstrip())
+    steps = task.get("steps") or []
+    if steps:
+        lines += ["", table(
+            ["#", "STEP", "ACTION", "GUARD", "STATE", "TRIES", "COMMAND", "RESULT"],
+            [[str(s["index"]), _text(s.get("name")), _text(s.get("action")),
+              _text(s.get("guard")), s["state"], str(s.get("attempts", 0)),
+              str(s["command_id"])[:8] if s.get("command_id") else "-",
+              resources(s.get("outputs") or {}) or _text(s.get("reason"))]
+             for s in steps], max_width=70)]
+    children = task.get("children") or []
+    if children:
+        lines += ["", "children", tasks_table(children)]
+    transitions = task.get("transitions") or []
+    if transitions:
+        lines += ["", table(["AT", "STATE", "STEP", "ACTOR", "REASON"],
+                            [[when(t.get("occurred_at")), t["state"], transition_step(t),
+                              t["actor"], _text(t.get("reason"))] for t in transitions],
+                            max_width=80)]
+    return "\n".join(lines)
+
+
+def transition_step(t: Mapping[str, Any]) -> str:
+    if t.get("step_index") is None:
+        return "-"
+    return f"{t['step_index']} {t.get('step_state') or ''}".rstrip()
+
+
+def transition_line(t: Mapping[str, Any]) -> str:
+    """One line per transition while following a task."""
+    step = f" step {transition_step(t)}" if t.get("step_index") is not None else ""
+    return f"{when(t.get('occurred_at'))[11:]}  {t['state']}{step}  {t['actor']}: " \
+           f"{_text(t.get('reason'))}"
+
+
+def follow(client: ApiClient, task_id: UUID, done: Callable[[Mapping[str, Any]], bool],
+           timeout_s: float, poll_s: float = 1.0, seen: int | None = None) -> Mapping[str, Any]:
+    """Print the task's transitions as they are recorded until `done(task)` or timeout."""
+    deadline = time.monotonic() + timeout_s
+    task = client.task(task_id)
+    shown = len(task.get("transitions") or []) if seen is None else seen
+    while True:
+        transitions = task.get("transitions") or []
+        for t in transitions[shown:]:
+            typer.echo(transition_line(t))
+        shown = len(transitions)
+        if done(task):
+            return task
+        if time.monotonic() >= deadline:
+            typer.echo(f"still {task['state']} after {timeout_s:g}s; stopped waiting", err=True)
+            raise typer.Exit(2)
+        time.sleep(poll_s)
+        task = client.task(task_id)
+
+
+def _refusal(action: str, since: int) -> Callable[[Mapping[str, Any]], bool]:
+    """True once the executor recorded a refusal of `action` after transition `since`."""
+    def refused(task: Mapping[str, Any]) -> bool:
+        return any((t.get("outputs") or {}).get("refused")
+                   and (t.get("outputs") or {}).get("control") == action
+                   for t in (task.get("transitions") or [])[since:])
+    return refused
+
+
+@tasks_app.command("list")
+def tasks_list(
+    node: Annotated[str | None, typer.Option(help="Tasks on this node (target or a step's).",
+                                             callback=_optional_identifier)] = None,
+    cluster: Annotated[str | None, typer.Option(callback=_optional_identifier)] = None,
+    state: Annotated[str | None, typer.Option(help="created, queued, dispatched, running, "
+                                              "paused, succeeded, failed, terminated")] = None,
+    kind: Annotated[str | None, typer.Option(help="Need kind or task kind.",
+                                             callback=_optional_identifier)] = None,
+    parent: Annotated[UUID | None, typer.Option(help="Children of this task.")] = None,
+    since: Annotated[str | None, typer.Option(help="Active since (ISO time, UTC).")] = None,
+    until: Annotated[str | None, typer.Option(help="Created before (ISO time, UTC).")] = None,
+    top_level: Annotated[bool, typer.Option(help="Only tasks without a parent.")] = False,
+    limit: Annotated[int, typer.Option(min=1, max=500)] = 50,
+    offset: Annotated[int, typer.Option(min=0)] = 0,
+    as_json: JsonOption = False,
+) -> None:
+    """Tasks, newest first, filtered."""
+    try:
+        with api_client() as client:
+            page = client.tasks(node=node, cluster=cluster, state=state, kind=kind,
+                                parent=str(parent) if parent else None, since=since,
+                                until=until, top_level=top_level or None, limit=limit,
+                                offset=offset)
+    except ApiError as err:
+        raise _fail(err) from err
+    if as_json:
+        _print_json(page)
+        return
+    if not page["items"]:
+        typer.echo("no task matches")
+        return
+    typer.echo(tasks_table(page["items"]))
+    shown = offset + len(page["items"])
+    if shown < page["total"]:
+        typer.echo(f"({len(page['items'])} of {page['total']}; --offset {shown} for more)")
+
+
+@tasks_app.command("show")
+def tasks_show(task_id: UUID, as_json: JsonOption = False, wait: WaitOption = False,
+               timeout: TimeoutOption = 600.0) -> None:
+    """A task with its evidence, steps, children and transitions."""
+    try:
+        with api_client() as client:
+            task = client.task(task_id)
+            if as_json:
+                _print_json(task)
+            else:
+                typer.echo(describe_task(task))
+            if wait and task["state"] not in FINAL_TASK_STATES:
+                follow(client, task_id, lambda t: t["state"] in FINAL_TASK_STATES, timeout)
+    except ApiError as err:
+        raise _fail(err) from err
+
+
+def _control(task_id: UUID, action: str, reason: str, step: int | None, wait: bool,
+             timeout: float, as_json: bool) -> None:
+    try:
+        with api_client() as client:
+            before = len(client.task(task_id).get("transitions") or []) if wait else 0
+            accepted = client.control(task_id, action, reason, step)
+            if as_json:
+                _print_json(accepted)
+            else:
+                typer.echo(f"{action} of task {task_id} accepted (control "
+                           f"{accepted['control_event_id']}): expect "
+                           f"{accepted['expected_state']}; {accepted['note']}")
+            if not wait:
+                return
+            expected = accepted["expected_state"]
+            refused = _refusal(action, before)
+            task = follow(client, task_id,
+                          lambda t: t["state"] == expected or refused(t)
+                          or t["state"] in FINAL_TASK_STATES, timeout, seen=before)
+    except ApiError as err:
+        raise _fail(err) from err
+    if refused(task) or task["state"] != expected:
+        typer.echo(f"the task is {task['state']}: the {action} did not take effect", err=True)
+        raise typer.Exit(1)
+
+
+def _control_command(action: str, doc: str) -> None:
+    def command(task_id: UUID, reason: ReasonOption, wait: WaitOption = False,
+                timeout: TimeoutOption = 300.0, as_json: JsonOption = False) -> None:
+        _control(task_id, action, reason, None, wait, timeout, as_json)
+
+    command.__doc__ = doc
+    tasks_app.command(action)(command)
+
+
+_control_command("pause", "Pause a task at its next step boundary (operator).")
+_control_command("resume", "Resume a paused task (operator).")
+_control_command("retry", "Retry a failed task from its failed step (operator).")
+_control_command("terminate", "Terminate a task; a running command is cancelled (operator).")
+
+
+@tasks_app.command("jump")
+def tasks_jump(task_id: UUID,
+               step: Annotated[int, typer.Option(min=0, max=63, help="The step (0-based).")],
+               reason: ReasonOption, wait: WaitOption = False, timeout: TimeoutOption = 300.0,
+               as_json: JsonOption = False) -> None:
+    """Move a paused or failed task to a step, paused there; resume runs it (admin)."""
+    _control(task_id, "jump", reason, step, wait, timeout, as_json)
+
+
+def nodes_table(nodes: Sequence[Mapping[str, Any]]) -> str:
+    def util(value: object) -> str:
+        return f"{value:.1f}" if isinstance(value, int | float) else "-"
+
+    return table(
+        ["CLUSTER", "NODE", "POOL", "STATE", "MODE", "UTIL%", "GPUS", "JOBS", "FAULTS",
+         "LAST REPORT"],
+        [[n["cluster"], n["node_id"], _text(n.get("pool")), n["state"], _text(n.get("mode")),
+          util(n.get("util_pct")), _text(n.get("gpus")),
+          ",".join(f"{j['job_id']}:{j['state']}" for j in n.get("jobs") or [])
+          or str(n.get("job_count", 0)),
+          str(n.get("fault_count", 0)), when(n.get("last_report_at"))] for n in nodes])
+
+
+@app.command()
+def nodes(
+    cluster: Annotated[str | None, typer.Option(help="Only this cluster's nodes.",
+                                                callback=_optional_identifier)] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Every node: state, mode, GPU utilisation, jobs (through the API)."""
+    try:
+        with api_client() as client:
+            found = client.nodes(cluster)
+    except ApiError as err:
+        raise _fail(err) from err
+    if as_json:
+        _print_json(found)
+    elif not found:
+        typer.echo("no node has reported or been enrolled")
+    else:
+        typer.echo(nodes_table(found))
+
+
+@templates_app.command("list")
+def templates_list(as_json: JsonOption = False) -> None:
+    """Every template and the need it serves (a broken file says why)."""
+    try:
+        with api_client() as client:
+            found = client.templates()
+    except ApiError as err:
+        raise _fail(err) from err
+    if as_json:
+        _print_json(found)
+        return
+    typer.echo(table(["NAME", "VERSION", "NEED", "PRIORITY", "STEPS", "FILE", "DESCRIPTION"],
+                     [[t["name"], _text(t.get("version")), _text(t.get("need")),
+                       _text(t.get("priority")), str(t.get("steps", 0)), t["file"],
+                       f"BROKEN: {t['error']}" if t.get("error") else t.get("description", "")]
+                      for t in found], max_width=70))
+
+
+@templates_app.command("show")
+def templates_show(name: str, as_json: JsonOption = False) -> None:
+    """One template's YAML (or, with --json, its parsed form too)."""
+    try:
+        with api_client() as client:
+            found = client.template(name)
+    except ApiError as err:
+        raise _fail(err) from err
+    if as_json:
+        _print_json(found)
+        return
+    typer.echo(f"# {found['file']} (sha256 {found['sha256'][:12]})")
+    if found.get("error"):
+        typer.echo(f"# BROKEN: {found['error']}")
+    typer.echo(found["yaml"].rstrip("\n"))
+
+
+def _problems(err: ApiError) -> list[str]:
+    detail = err.body.get("detail") if isinstance(err.body, dict) else None
+    if isinstance(detail, dict):
+        return [f"{p['field']}: {p['message']}" for p in detail.get("problems", [])]
+    return []
+
+
+@templates_app.command("validate")
+def templates_validate(
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True)],
+    as_json: JsonOption = False,
+) -> None:
+    """Check a template file with the templater's rules, against the saved ones (operator)."""
+    try:
+        with api_client() as client:
+            checked = client.validate_template(file.read_text())
+    except ApiError as err:
+        if err.status != 422:
+            raise _fail(err) from err
+        if as_json:
+            _print_json(err.body)
+        else:
+            typer.echo(f"{file.name}: invalid")
+            for line in _problems(err) or [str(err)]:
+                typer.echo(f"  {line}")
+        raise typer.Exit(1) from err
+    if as_json:
+        _print_json(checked)
+    else:
+        template = checked["template"]
+        typer.echo(f"{file.name}: valid ({template['name']}.v{template['version']} for need "
+                   f"{template['need']}, {len(template['steps'])} steps)")
+
+
+@templates_app.command("save")
+def templates_save(
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True)],
+    reason: ReasonOption,
+    name: Annotated[str | None, typer.Option(
+        help="The template's name; default: the file's name without .yaml.")] = None,
+) -> None:
+    """Validate and save a template (admin); the templater uses it from its next start."""
+    target = name or file.stem
+    try:
+        with api_client() as client:
+            saved = client.save_template(target, file.read_text(), reason)
+    except ApiError as err:
+        typer.echo(f"{file.name}: not saved", err=True)
+        for line in _problems(err) or [str(err)]:
+            typer.echo(f"  {line}", err=True)
+        raise typer.Exit(1) from err
+    typer.echo(f"{saved['file']}: {'saved' if saved['saved'] else 'unchanged'}; "
+               f"{saved['note']}")
+
+
+@api_app.callback(invoke_without_command=True)
+def api_serve(
+    ctx: typer.Context,
+    host: Annotated[str | None, typer.Option(help="Listen address (API_HOST).")] = None,
+    port: Annotated[int | None, typer.Option(min=1, max=65_535,
+                                             help="Port (API_PORT, 18080).")] = None,
+) -> None:
+    """Run the API and the web console (uvicorn) until Ctrl-C."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from services.api.app import serve
+    from services.api.settings import ApiSettings
+
+    overrides = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
+    settings = ApiSettings().model_copy(update=overrides)
+    with contextlib.suppress(KeyboardInterrupt):
+        serve(settings)
+
+
+@api_app.command("token")
+def api_token(
+    user: Annotated[str, typer.Option(help="Who the token is for (named in the audit log).",
+                                      callback=_identifier)],
+    role: Annotated[str, typer.Option(help="viewer, operator or admin.")],
+) -> None:
+    """Make a new random token and print the entry that grants it."""
+    from services.api.auth import ROLES, new_token, token_lines
+
+    if role not in ROLES:
+        raise typer.BadParameter(f"one of {', '.join(ROLES)}", param_hint="--role")
+    token = new_token()
+    plain, hashed = token_lines(token, user, role)
+    typer.echo(f"token: {token}")
+    typer.echo(f"add to API_TOKENS (comma-separated) or a line of API_TOKENS_FILE:\n  {plain}")
+    typer.echo(f"or keep only its digest on the server:\n  {hashed}")
+    typer.echo("the caller sets WARDEN_API_TOKEN to the token")
 
 
 def main() -> None:

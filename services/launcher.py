@@ -12,7 +12,14 @@ from pathlib import Path
 
 # The order services start in: consumers of a topic before its producers is not needed
 # (consumers read from the earliest offset), so this is simply the order of the loop.
-SERVICES: tuple[str, ...] = ("collector", "analyzer", "templater", "scheduler", "executor")
+SERVICES: tuple[str, ...] = ("collector", "analyzer", "templater", "scheduler", "executor",
+                             "store")
+
+
+# The operators' API runs under uvicorn, not FastStream. `warden up` and the demo start it with
+# the services (PROCESSES); tests and benchmarks keep starting only the services they name.
+API = "api"
+PROCESSES: tuple[str, ...] = (*SERVICES, API)
 
 
 @dataclass
@@ -25,7 +32,10 @@ class ServiceProcess:
 
 
 def service_command(name: str) -> list[str]:
-    """How a service runs: FastStream's own runner with the service's app factory."""
+    """How a service runs: FastStream's own runner with the service's app factory (the API:
+    uvicorn with its app factory, on API_HOST:API_PORT)."""
+    if name == API:
+        return [sys.executable, "-m", "services.api"]
     return [sys.executable, "-m", "faststream", "run", f"services.{name}.app:create_app",
             "--factory"]
 

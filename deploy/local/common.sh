@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # Shared by the local service scripts (sourced, not run): the state root, logging, timing,
-# port checks, and starting Kafka and Redis for a command that needs them.
+# port checks, and starting Kafka, Redis and PostgreSQL for a command that needs them.
 # The sourcing script sets COMPONENT (the prefix of its log lines) first.
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -48,8 +48,32 @@ kill_hard() {
     while kill -0 "${pid}" 2>/dev/null; do sleep 0.1; done
 }
 
-# Starts Kafka and Redis where they are not running, and stops (on exit) only what it started,
-# so a developer's long-running broker survives `make test`.
+# Installs Debian packages with apt-get (root, or passwordless sudo), or stops with the command
+# a person should run. The package index in a fresh container is usually empty, hence
+# `apt-get update` first. Usage: apt_install_or_die <what, for messages> <package>...
+apt_install_or_die() {
+    local what="$1"
+    shift
+    command -v apt-get >/dev/null 2>&1 \
+        || die "${what} not found and apt-get is unavailable; install $* by other means"
+    local -a sudo=()
+    if (( EUID != 0 )); then
+        # -n: never prompt for a password from a script; fail and explain instead.
+        if ! command -v sudo >/dev/null 2>&1 || ! sudo -n true 2>/dev/null; then
+            die "${what} is not installed and installing it needs root; run: sudo apt-get update && sudo apt-get install -y $*"
+        fi
+        sudo=(sudo -n)
+    fi
+    log "${what} not found; installing $* with apt-get ..."
+    if ! "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q \
+        || ! "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@"; then
+        die "apt-get could not install $* (no network or package mirror?); install it manually: apt-get update && apt-get install -y $*"
+    fi
+}
+
+# Starts Kafka, Redis and PostgreSQL (the task store's tests run against it as well as SQLite)
+# where they are not running, and stops (on exit) only what it started, so a developer's
+# long-running broker survives `make test`.
 LOCAL_SERVICES_STARTED=()
 stop_started_services() {
     local svc
@@ -60,7 +84,7 @@ stop_started_services() {
 start_missing_services() {
     trap stop_started_services EXIT
     local svc
-    for svc in kafka redis; do
+    for svc in kafka redis postgres; do
         if ! "${SCRIPT_DIR}/${svc}.sh" status >/dev/null 2>&1; then
             "${SCRIPT_DIR}/${svc}.sh" start
             LOCAL_SERVICES_STARTED+=("${svc}")

@@ -30,27 +30,12 @@ usage() {
     exit 2
 }
 
-# Installs Debian's redis-server (which brings redis-cli) when either binary is missing. The
-# package index in a fresh container is usually empty, hence `apt-get update` first.
+# Installs Debian's redis-server (which brings redis-cli) when either binary is missing.
 ensure_redis() {
     if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1; then
         return 0
     fi
-    command -v apt-get >/dev/null 2>&1 \
-        || die "redis-server/redis-cli not found and apt-get is unavailable; install Redis 7+ by other means and put redis-server and redis-cli on PATH"
-    local -a sudo=()
-    if (( EUID != 0 )); then
-        # -n: never prompt for a password from a script; fail and explain instead.
-        if ! command -v sudo >/dev/null 2>&1 || ! sudo -n true 2>/dev/null; then
-            die "redis-server is not installed and installing it needs root; run: sudo apt-get update && sudo apt-get install -y redis-server"
-        fi
-        sudo=(sudo -n)
-    fi
-    log "redis-server not found; installing it with apt-get ..."
-    if ! "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q \
-        || ! "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server; then
-        die "apt-get could not install redis-server (no network or package mirror?); install it manually: apt-get update && apt-get install -y redis-server"
-    fi
+    apt_install_or_die redis-server redis-server
     if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
         die "apt-get finished but redis-server/redis-cli are still not on PATH"
     fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what ClusterWarden needs on a fresh Debian machine, and nothing that is already there:
 # a Python 3.11 virtual environment with the pinned packages, Java and Maven for the Kafka
-# broker jars, the jars themselves, and redis-server. Safe to run again.
+# broker jars, the jars themselves, redis-server and PostgreSQL. Safe to run again.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -32,6 +32,9 @@ apt_install() {
 command -v java >/dev/null || apt_install openjdk-17-jre-headless
 command -v mvn >/dev/null || apt_install maven
 command -v redis-server >/dev/null || apt_install redis-server
+# PostgreSQL: the task store's production database, which its tests run against too. Debian
+# keeps the server off PATH, under /usr/lib/postgresql/<version>/bin (postgres.sh finds it).
+compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null || apt_install postgresql
 
 PYTHON="${PYTHON:-}"
 if [[ -z "${PYTHON}" ]]; then

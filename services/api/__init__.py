@@ -1,0 +1,1 @@
+"""The operators' HTTP API: task records, interventions, templates, nodes, audit, console."""

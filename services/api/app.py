@@ -1,0 +1,135 @@
+"""API wiring: `uvicorn services.api.app:create_api --factory` (or `warden api`).
+
+At start: the store's schema is migrated, Redis is connected and the tokens are loaded (a
+malformed entry stops the API with the entry named). Kafka is connected on the first control,
+so reads keep working while it is down. The web console is served at `/`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+
+from services.analyzer.settings import AnalyzerSettings
+from services.api import templates
+from services.api.auth import load_tokens
+from services.api.cluster import ClusterReader
+from services.api.deps import Runtime, audit, client_detail
+from services.api.forecasting import ForecastCache
+from services.api.publisher import Publisher
+from services.api.routes import audit as audit_routes
+from services.api.routes import cluster, tasks
+from services.api.routes import templates as template_routes
+from services.api.settings import ApiSettings
+from services.scheduler.settings import SchedulerSettings
+from services.shared.redis_client import Keys, connect_redis
+from services.shared.runtime import configure_logging
+from services.shared.telemetry import setup_telemetry
+from services.store.db import migrate, open_store
+from services.store.settings import default_database_url
+
+log = logging.getLogger("clusterwarden.api")
+CONSOLE_DIR = Path(__file__).parent / "console"
+MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# The largest body any route takes is a template (64 KiB of YAML) in JSON.
+MAX_BODY_BYTES = 256 * 1024
+
+
+def database_url(settings: ApiSettings) -> str:
+    return settings.database_url or default_database_url(settings.state_dir)
+
+
+def create_api(settings: ApiSettings | None = None) -> FastAPI:
+    """The API application (settings from the environment unless given)."""
+    settings = settings or ApiSettings()
+    configure_logging()
+    # Read here, not at the first request: a bad token entry stops the API at start.
+    tokens = load_tokens(settings.tokens.get_secret_value(), settings.tokens_file)
+    if not len(tokens):
+        log.warning("no API tokens configured (API_TOKENS, API_TOKENS_FILE): every call but "
+                    "/healthz will be refused; `warden api token` makes one")
+    telemetry = setup_telemetry("api")
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        url = database_url(settings)
+        await migrate(url)
+        store = open_store(url)
+        redis = connect_redis(settings.redis_url)
+        keys = Keys(settings.namespace)
+        publisher = Publisher(settings, telemetry, settings.publish_timeout_s)
+        app.state.runtime = Runtime(
+            settings=settings, tokens=tokens, store=store, redis=redis, keys=keys,
+            reader=ClusterReader(redis, keys, SchedulerSettings()),
+            analyzer=AnalyzerSettings(), publisher=publisher,
+            template_folder=templates.folder_for(settings.template_dir, settings.state_dir),
+            template_lock=asyncio.Lock(),
+            forecasts=ForecastCache(settings.forecast_ttl_s),
+        )
+        try:
+            yield
+        finally:
+            await publisher.close()
+            await redis.aclose()
+            await store.close()
+
+    app = FastAPI(
+        title="ClusterWarden API",
+        version="1",
+        description="Ops tasks and their records, interventions, templates, nodes, breakers, "
+                    "budgets, capacity and the audit log. Bearer tokens; roles viewer < "
+                    "operator < admin.",
+        lifespan=lifespan,
+    )
+
+    @app.middleware("http")
+    async def bounded_body(request: Request,
+                           call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        # Refused before the body is read: a client cannot make the API buffer megabytes.
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > MAX_BODY_BYTES:
+            return JSONResponse({"detail": f"body larger than {MAX_BODY_BYTES} bytes"},
+                                status_code=413)
+        return await call_next(request)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
+        # A refused change is audited like an accepted one (input-validation failures).
+        if request.method in MUTATING and hasattr(request.app.state, "runtime"):
+            principal = getattr(request.state, "principal", None)
+            fields = sorted({".".join(str(p) for p in e["loc"]) for e in exc.errors()})
+            await audit(request.app.state.runtime, principal, "invalid_request",
+                        request.url.path, "request refused by validation", "422",
+                        client_detail(request) | {"fields": fields})
+        return await request_validation_exception_handler(request, exc)
+
+    @app.get("/healthz", tags=["health"], summary="Liveness (no token needed)")
+    async def healthz() -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    app.include_router(tasks.router)
+    app.include_router(template_routes.router)
+    app.include_router(cluster.router)
+    app.include_router(audit_routes.router)
+    # Last: the console takes every path no API route matched.
+    console = Path(settings.console_dir) if settings.console_dir else CONSOLE_DIR
+    app.mount("/", StaticFiles(directory=console, html=True), name="console")
+    return app
+
+
+def serve(settings: ApiSettings | None = None) -> None:
+    """Run the API with uvicorn until interrupted."""
+    import uvicorn
+
+    settings = settings or ApiSettings()
+    uvicorn.run("services.api.app:create_api", factory=True, host=settings.host,
+                port=settings.port, proxy_headers=False, log_level="info")

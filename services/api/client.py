@@ -1,0 +1,138 @@
+"""A small synchronous client of the API, for `warden tasks|nodes|templates` and scripts."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+import httpx
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from services.api.settings import DEFAULT_PORT
+
+
+class ClientSettings(BaseSettings):
+    """Where the API is and the caller's token (WARDEN_API_URL, WARDEN_API_TOKEN)."""
+
+    model_config = SettingsConfigDict(extra="ignore", frozen=True)
+
+    url: str = Field(default=f"http://127.0.0.1:{DEFAULT_PORT}",
+                     validation_alias=AliasChoices("WARDEN_API_URL", "url"))
+    token: SecretStr = Field(default=SecretStr(""),
+                             validation_alias=AliasChoices("WARDEN_API_TOKEN", "token"))
+    timeout_s: float = Field(default=30.0, gt=0.0,
+                             validation_alias=AliasChoices("WARDEN_API_TIMEOUT_S", "timeout_s"))
+
+
+class ApiError(Exception):
+    """The API refused a call, or could not be reached; the message says what to do."""
+
+    def __init__(self, status: int, message: str, body: Any = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
+
+
+def _message(response: httpx.Response) -> tuple[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:500] or response.reason_phrase, None
+    detail = body.get("detail") if isinstance(body, dict) else body
+    if isinstance(detail, str):
+        return detail, body
+    if isinstance(detail, dict) and "problems" in detail:
+        problems = "; ".join(f"{p['field']}: {p['message']}" for p in detail["problems"])
+        return problems or str(detail.get("message", "")), body
+    if isinstance(detail, list):  # FastAPI's own validation errors
+        return "; ".join(f"{'.'.join(str(x) for x in e.get('loc', []))}: {e.get('msg')}"
+                         for e in detail if isinstance(e, dict)), body
+    return str(detail), body
+
+
+_HINTS = {
+    401: "unauthenticated: set WARDEN_API_TOKEN (a token from `warden api token`)",
+    403: "forbidden",
+}
+
+
+class ApiClient:
+    """Calls the API; every error becomes an ApiError with a readable message."""
+
+    def __init__(self, settings: ClientSettings | None = None,
+                 http: httpx.Client | None = None) -> None:
+        settings = settings or ClientSettings()
+        self.url = settings.url.rstrip("/")
+        token = settings.token.get_secret_value()
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = http or httpx.Client(base_url=self.url, timeout=settings.timeout_s)
+        self.http.headers.update(headers)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> ApiClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def call(self, method: str, path: str, *, params: dict[str, Any] | None = None,
+             json: Any = None) -> Any:
+        clean = {k: v for k, v in (params or {}).items() if v is not None}
+        try:
+            response = self.http.request(method, path, params=clean, json=json)
+        except httpx.TransportError as err:
+            raise ApiError(0, f"cannot reach the API at {self.url} ({err}); is `warden api` "
+                              "running, and WARDEN_API_URL right?") from err
+        if response.is_success:
+            return response.json()
+        message, body = _message(response)
+        hint = _HINTS.get(response.status_code)
+        raise ApiError(response.status_code,
+                       f"{hint}: {message}" if hint else message, body)
+
+    # ------------------------------------------------------------ tasks
+
+    def tasks(self, **filters: Any) -> dict[str, Any]:
+        page: dict[str, Any] = self.call("GET", "/api/tasks", params=filters)
+        return page
+
+    def task(self, task_id: UUID) -> dict[str, Any]:
+        detail: dict[str, Any] = self.call("GET", f"/api/tasks/{task_id}")
+        return detail
+
+    def control(self, task_id: UUID, action: str, reason: str,
+                step_index: int | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"reason": reason}
+        if step_index is not None:
+            body["step_index"] = step_index
+        accepted: dict[str, Any] = self.call("POST", f"/api/tasks/{task_id}/{action}",
+                                             json=body)
+        return accepted
+
+    # ------------------------------------------------------------ cluster and templates
+
+    def nodes(self, cluster: str | None = None) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = self.call("GET", "/api/nodes",
+                                                params={"cluster": cluster})["nodes"]
+        return found
+
+    def templates(self) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = self.call("GET", "/api/templates")
+        return found
+
+    def template(self, name: str) -> dict[str, Any]:
+        found: dict[str, Any] = self.call("GET", f"/api/templates/{name}")
+        return found
+
+    def validate_template(self, text: str) -> dict[str, Any]:
+        checked: dict[str, Any] = self.call("POST", "/api/templates/validate",
+                                            json={"yaml": text})
+        return checked
+
+    def save_template(self, name: str, text: str, reason: str) -> dict[str, Any]:
+        saved: dict[str, Any] = self.call("PUT", f"/api/templates/{name}",
+                                          json={"yaml": text, "reason": reason})
+        return saved

@@ -1,0 +1,41 @@
+"""Utilisation forecasts and the capacity report drawn from them (pure; nothing acts).
+
+`forecast_utilisation(series, now)` turns a pool's utilisation history into an hourly
+forecast for the next day and week; `capacity_report(forecast, band, nodes_now)` reads it
+against the scale need's range: when the range will be left, how many nodes the peak needs,
+and a shadow scale-out proposal. Never a scale-in.
+"""
+
+from services.forecast.capacity import (
+    CapacityReport,
+    CapacityWindow,
+    Peak,
+    RangeExit,
+    ShadowProposal,
+    capacity_report,
+    nodes_needed,
+)
+from services.forecast.model import (
+    DEFAULT_HORIZONS,
+    Forecast,
+    ForecastPoint,
+    ModelKind,
+    Seasonality,
+    forecast_utilisation,
+)
+
+__all__ = [
+    "DEFAULT_HORIZONS",
+    "CapacityReport",
+    "CapacityWindow",
+    "Forecast",
+    "ForecastPoint",
+    "ModelKind",
+    "Peak",
+    "RangeExit",
+    "Seasonality",
+    "ShadowProposal",
+    "capacity_report",
+    "forecast_utilisation",
+    "nodes_needed",
+]

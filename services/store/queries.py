@@ -1,0 +1,215 @@
+"""What the API asks of the task store: tasks listed and filtered, one task in full, and the
+audit log (append, list, verify). Each function works in the caller's session; the caller
+commits (`async with store.session() as s:` does on leaving the block).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Annotated, Any, Final
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, StringConstraints
+from sqlalchemy import ColumnElement, func, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from schemas.events.v1 import now_utc
+from services.shared.audit import Verdict
+from services.store.audit import GENESIS, Link, canonical_entry, chain_hash, check_link, json_detail
+from services.store.models import AuditEntry, AuditHead, StepRecord, Task, Transition
+from services.store.views import AuditRow, StepRow, TaskDetail, TaskRow, TransitionRow
+
+MAX_PAGE: Final = 500
+HEAD_ID: Final = 1
+VERIFY_BATCH: Final = 500
+
+
+@dataclass(frozen=True)
+class TaskFilter:
+    """Which tasks to list; None matches everything.
+
+    `node`: the task's target, or the node of any of its steps (a migration is found by its
+    source and its destination). `kind`: the need kind or the task's kind (action type).
+    `since`/`until`: tasks active in [since, until): created before `until` and last
+    changed at or after `since`. Naive datetimes are taken as UTC.
+    """
+
+    node: str | None = None
+    cluster: str | None = None
+    state: str | None = None
+    kind: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    parent: UUID | None = None
+    top_level_only: bool = False
+
+
+def _utc(moment: datetime) -> datetime:
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
+
+
+def _conditions(f: TaskFilter) -> list[ColumnElement[bool]]:
+    conditions: list[ColumnElement[bool]] = []
+    if f.node is not None:
+        on_node = select(StepRecord.task_id).where(StepRecord.node_id == f.node)
+        conditions.append(or_(Task.target == f.node, Task.task_id.in_(on_node)))
+    if f.cluster is not None:
+        conditions.append(Task.cluster_id == f.cluster)
+    if f.state is not None:
+        conditions.append(Task.state == f.state)
+    if f.kind is not None:
+        conditions.append(or_(Task.need_kind == f.kind, Task.kind == f.kind))
+    if f.since is not None:
+        conditions.append(Task.updated_at >= _utc(f.since))
+    if f.until is not None:
+        conditions.append(Task.created_at < _utc(f.until))
+    if f.parent is not None:
+        conditions.append(Task.parent_task_id == f.parent)
+    if f.top_level_only:
+        conditions.append(Task.parent_task_id.is_(None))
+    return conditions
+
+
+def _page(limit: int, offset: int) -> tuple[int, int]:
+    return max(1, min(limit, MAX_PAGE)), max(0, offset)
+
+
+async def list_tasks(session: AsyncSession, f: TaskFilter, limit: int = 50,
+                     offset: int = 0) -> tuple[list[TaskRow], int]:
+    """One page of the matching tasks, newest first, and how many match in all.
+
+    `limit` is clamped to 1..MAX_PAGE and `offset` to >= 0.
+    """
+    limit, offset = _page(limit, offset)
+    conditions = _conditions(f)
+    total = (await session.execute(
+        select(func.count()).select_from(Task).where(*conditions))).scalar_one()
+    rows = (await session.execute(
+        select(Task).where(*conditions)
+        .order_by(Task.created_at.desc(), Task.task_id).limit(limit).offset(offset)
+    )).scalars().all()
+    return [TaskRow.model_validate(row) for row in rows], int(total)
+
+
+async def get_task(session: AsyncSession, task_id: UUID) -> TaskDetail | None:
+    """A task with its steps, transitions (oldest first), children, evidence and plan."""
+    task = (await session.execute(select(Task).where(Task.task_id == task_id))).scalar_one_or_none()
+    if task is None:
+        return None
+    steps = (await session.execute(
+        select(StepRecord).where(StepRecord.task_id == task_id).order_by(StepRecord.index)
+    )).scalars().all()
+    transitions = (await session.execute(
+        select(Transition).where(Transition.task_id == task_id)
+        .order_by(Transition.occurred_at, Transition.id)
+    )).scalars().all()
+    children = (await session.execute(
+        select(Task).where(Task.parent_task_id == task_id)
+        .order_by(Task.created_at, Task.task_id)
+    )).scalars().all()
+    return TaskDetail.model_validate({
+        **TaskRow.model_validate(task).model_dump(),
+        "evidence": task.evidence,
+        "plan": task.plan,
+        "steps": [StepRow.model_validate(s) for s in steps],
+        "transitions": [TransitionRow.model_validate(t) for t in transitions],
+        "children": [TaskRow.model_validate(c) for c in children],
+    })
+
+
+# ------------------------------------------------------------------ audit
+
+Short = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+
+
+class _AuditInput(BaseModel):
+    """The bounds of an audit entry's fields (the columns' sizes)."""
+
+    model_config = ConfigDict(strict=True, frozen=True)
+
+    actor: Short
+    role: Annotated[str, StringConstraints(min_length=1, max_length=32)]
+    action: Short
+    target: Annotated[str, StringConstraints(max_length=256)]
+    reason: Annotated[str, StringConstraints(max_length=500)]
+    result: Annotated[str, StringConstraints(max_length=256)]
+
+
+async def append_audit(session: AsyncSession, actor: str, role: str, action: str,
+                       target: str, reason: str, result: str,
+                       detail: Mapping[str, Any] | None = None, *,
+                       at: datetime | None = None) -> AuditRow:
+    """Append one entry to the hash chain (ValidationError/ValueError on bad fields).
+
+    Appends from several processes stay one chain: the head row is locked first (an UPDATE,
+    which takes PostgreSQL's row lock and SQLite's write lock alike) and held until the
+    caller's transaction ends, so the next append reads the head this one leaves.
+    """
+    fields = _AuditInput(actor=actor, role=role, action=action, target=target, reason=reason,
+                         result=result)
+    plain = json_detail(detail)
+    at = _utc(at) if at is not None else now_utc()
+    await session.execute(
+        update(AuditHead).where(AuditHead.id == HEAD_ID).values(count=AuditHead.count)
+        .execution_options(synchronize_session=False))
+    head_hash, head_count = (await session.execute(
+        select(AuditHead.hash, AuditHead.count).where(AuditHead.id == HEAD_ID))).one()
+    body = canonical_entry(at=at, actor=fields.actor, role=fields.role, action=fields.action,
+                           target=fields.target, reason=fields.reason, result=fields.result,
+                           detail=plain, prev_hash=head_hash)
+    entry = AuditEntry(at=at, actor=fields.actor, role=fields.role, action=fields.action,
+                       target=fields.target, reason=fields.reason, result=fields.result,
+                       detail=plain, prev_hash=head_hash, hash=chain_hash(head_hash, body))
+    session.add(entry)
+    await session.flush()
+    await session.execute(
+        update(AuditHead).where(AuditHead.id == HEAD_ID)
+        .values(hash=entry.hash, count=head_count + 1)
+        .execution_options(synchronize_session=False))
+    return AuditRow.model_validate(entry)
+
+
+async def list_audit(session: AsyncSession, limit: int = 50,
+                     offset: int = 0) -> tuple[list[AuditRow], int]:
+    """One page of the audit log, newest first, and how many entries it holds."""
+    limit, offset = _page(limit, offset)
+    total = (await session.execute(select(func.count()).select_from(AuditEntry))).scalar_one()
+    rows = (await session.execute(
+        select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit).offset(offset)
+    )).scalars().all()
+    return [AuditRow.model_validate(row) for row in rows], int(total)
+
+
+async def audit_verdict(session: AsyncSession) -> Verdict:
+    """Recompute the chain from the first entry and compare its end with the head."""
+    running, count, last_id = GENESIS, 0, None
+    while True:
+        query = select(AuditEntry).order_by(AuditEntry.id).limit(VERIFY_BATCH)
+        if last_id is not None:
+            query = query.where(AuditEntry.id > last_id)
+        batch = (await session.execute(query)).scalars().all()
+        for row in batch:
+            why = check_link(running, Link(
+                id=row.id, at=row.at, actor=row.actor, role=row.role, action=row.action,
+                target=row.target, reason=row.reason, result=row.result, detail=row.detail,
+                prev_hash=row.prev_hash, hash=row.hash))
+            if why:
+                return Verdict(False, count, why, str(row.id))
+            running, count, last_id = row.hash, count + 1, row.id
+        if len(batch) < VERIFY_BATCH:
+            break
+    head = (await session.execute(
+        select(AuditHead.hash, AuditHead.count).where(AuditHead.id == HEAD_ID))).one_or_none()
+    head_hash, head_count = (None, None) if head is None else tuple(head)
+    if head_hash != running or head_count != count:
+        said = "no head" if head is None else f"head says {head_count} entries"
+        return Verdict(False, count, f"{said}, the table holds {count}: entries cut off or "
+                                     "head changed")
+    return Verdict(True, count)
+
+
+async def verify_audit(session: AsyncSession) -> bool:
+    """True if the audit log is intact (see `audit_verdict` for where it breaks)."""
+    return (await audit_verdict(session)).ok

@@ -1,0 +1,118 @@
+"""What the query layer returns: JSON-ready pydantic models the API can answer with as is.
+
+Times are aware UTC datetimes. Fields of a task that only its `created` event carries (pool,
+target, need, template, plan...) are None while the store holds a stub made from a later
+event that arrived first.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.events.v1 import StepState, TaskState
+
+# A step no event has been recorded for yet.
+StepRowState = StepState | Literal["pending"]
+
+_ROW = ConfigDict(frozen=True, from_attributes=True)
+
+
+class TaskRow(BaseModel):
+    """One task in a list."""
+
+    model_config = _ROW
+
+    task_id: UUID
+    parent_task_id: UUID | None
+    cluster_id: str
+    pool: str | None
+    target: str | None
+    need_id: UUID | None
+    need_kind: str | None
+    kind: str | None = Field(description="The action type the task counts as "
+                             "(its breaker and budget); the need kind unless set.")
+    template: str | None
+    priority: int | None
+    dry_run: bool
+    state: TaskState
+    reason: str = Field(description="The reason of the latest transition.")
+    step_count: int | None = Field(description="Steps in the plan; None until it is known.")
+    current_step: int | None = Field(description="The step the latest step event was about.")
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None = Field(description="When it reached its final state.")
+
+
+class StepRow(BaseModel):
+    """One step of a task: its plan and what happened to it."""
+
+    model_config = _ROW
+
+    task_id: UUID
+    index: int
+    name: str | None
+    action: str | None
+    action_args: dict[str, Any] | None
+    guard: str | None
+    node_id: str | None
+    timeout_s: float | None
+    max_attempts: int | None
+    state: StepRowState
+    command_id: UUID | None = Field(description="The command of its latest attempt.")
+    attempts: int
+    outputs: dict[str, Any] = Field(description="Its latest attempt's outputs merged, later "
+                                    "events winning: results, initial and target resources.")
+    started_at: datetime | None
+    ended_at: datetime | None
+    reason: str
+
+
+class TransitionRow(BaseModel):
+    """One recorded TaskEvent."""
+
+    model_config = _ROW
+
+    id: int
+    event_id: UUID
+    task_id: UUID
+    occurred_at: datetime
+    state: TaskState
+    previous_state: TaskState | None
+    step_index: int | None
+    step_state: StepState | None
+    command_id: UUID | None
+    actor: str
+    reason: str
+    outputs: dict[str, Any]
+
+
+class TaskDetail(TaskRow):
+    """A task with everything recorded about it."""
+
+    evidence: list[dict[str, Any]] = Field(description="Why its need was raised.")
+    plan: dict[str, Any] | None = Field(description="The OpsTask as created (JSON).")
+    steps: list[StepRow]
+    transitions: list[TransitionRow] = Field(description="Oldest first.")
+    children: list[TaskRow] = Field(description="Its child tasks, oldest first.")
+
+
+class AuditRow(BaseModel):
+    """One entry of the audit log with its place in the hash chain."""
+
+    model_config = _ROW
+
+    id: int
+    at: datetime
+    actor: str
+    role: str
+    action: str
+    target: str
+    reason: str
+    result: str
+    detail: dict[str, Any]
+    prev_hash: str
+    hash: str

@@ -1,0 +1,50 @@
+"""The API as a service process: started by the launcher like the others, stopped by it."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import httpx
+
+from services import launcher
+from tests.unit.api.conftest import TOKENS, token_setting
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def test_the_launcher_runs_the_api_with_uvicorn(tmp_path: Path, redis_url: str,
+                                                namespace: str) -> None:
+    assert launcher.API in launcher.PROCESSES
+    assert launcher.API not in launcher.SERVICES  # tests naming services get no API
+    port = free_port()
+    env = {"REDIS_URL": redis_url, "WARDEN_NAMESPACE": namespace, "API_PORT": str(port),
+           "API_TOKENS": token_setting(), "WARDEN_STATE_DIR": str(tmp_path),
+           "DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'warden.db'}"}
+    [api] = launcher.start_services(tmp_path, env, (launcher.API,))
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert api.process.poll() is None, api.log_path.read_text()
+            try:
+                health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1.0)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, api.log_path.read_text()
+                time.sleep(0.2)
+        assert health.json() == {"status": "ok"}
+        tasks = httpx.get(f"http://127.0.0.1:{port}/api/tasks",
+                          headers={"Authorization": f"Bearer {TOKENS['viewer']}"})
+        assert tasks.json()["total"] == 0
+        # Seeded for the templater too: the API serves the folder it edits.
+        assert (tmp_path / "templates" / "offline.yaml").exists()
+    finally:
+        launcher.stop_services([api])
+    # Graceful: uvicorn finishes the lifespan, then dies of the SIGTERM it re-raises.
+    assert "Application shutdown complete" in api.log_path.read_text()
