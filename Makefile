@@ -26,8 +26,10 @@ unit: setup
 up: setup
 	deploy/local/kafka.sh start
 	deploy/local/redis.sh start
+	deploy/local/postgres.sh start
 
 down:
+	-deploy/local/postgres.sh stop
 	-deploy/local/redis.sh stop
 	-deploy/local/kafka.sh stop
 
@@ -36,7 +38,7 @@ bench: setup
 
 # The AsyncAPI document of every service's subscriptions, from the code (docs/asyncapi/).
 asyncapi: setup
-	@for svc in collector analyzer templater scheduler executor; do \
+	@for svc in collector analyzer templater scheduler executor store; do \
 	  WARDEN_STATE_DIR=$$(mktemp -d) $(BIN)/faststream docs gen services.$$svc.app:create_app \
 	    --factory -o docs/asyncapi/$$svc.json; done
 	@AGENT_NODE_ID=node-001 $(BIN)/faststream docs gen agent.app:create_app --factory \
