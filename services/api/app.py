@@ -27,7 +27,7 @@ from services.api.deps import Runtime, audit, client_detail
 from services.api.forecasting import ForecastCache
 from services.api.publisher import Publisher
 from services.api.routes import audit as audit_routes
-from services.api.routes import cluster, tasks
+from services.api.routes import cluster, me, tasks
 from services.api.routes import templates as template_routes
 from services.api.settings import ApiSettings
 from services.scheduler.settings import SchedulerSettings
@@ -120,6 +120,7 @@ def create_api(settings: ApiSettings | None = None) -> FastAPI:
     app.include_router(template_routes.router)
     app.include_router(cluster.router)
     app.include_router(audit_routes.router)
+    app.include_router(me.router)
     # Last: the console takes every path no API route matched.
     console = Path(settings.console_dir) if settings.console_dir else CONSOLE_DIR
     app.mount("/", StaticFiles(directory=console, html=True), name="console")

@@ -167,3 +167,20 @@ def is_success_of(events: Tap, target: str) -> Callable[[Record], bool]:
     def check(record: Record) -> bool:
         return any(e.state == "succeeded" for e in task_events_for(events, target))
     return check
+
+
+def short_drain_templates(directory: Path, drain_timeout_s: float) -> Path:
+    """The built-in templates, with the offline drain's timeout cut to `drain_timeout_s`, so a
+    drain an agent ignores (fault plan `ignore_commands`) keeps a task running for that long."""
+    from services.templater import templates as builtin_templates
+
+    source = Path(builtin_templates.__file__).parent / "templates"
+    directory.mkdir(parents=True, exist_ok=True)
+    for template in source.glob("*.yaml"):
+        text = template.read_text()
+        if template.name == "offline.yaml":
+            drain = 'action: drain_node\n    args: {node_id: "{target}"}\n    timeout_s: 60'
+            assert drain in text
+            text = text.replace(drain, drain.replace("60", f"{drain_timeout_s:g}"))
+        (directory / template.name).write_text(text)
+    return directory

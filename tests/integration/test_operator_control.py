@@ -33,7 +33,6 @@ from schemas.topics import Topic
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.registry import register
 from services.shared.signing import ensure_keypair, unb64url
-from services.templater import templates as builtin_templates
 from tests.integration.harness import (
     Record,
     Tap,
@@ -41,6 +40,7 @@ from tests.integration.harness import (
     name,
     producer,
     services,
+    short_drain_templates,
     stack_env,
     tap,
 )
@@ -50,20 +50,6 @@ pytestmark = pytest.mark.integration
 NODES = ["node-001", "node-002", "node-003"]
 DRAIN_TIMEOUT_S = 15  # the drain's deadline: when the executor asks the agent again
 Control = Literal["pause", "resume", "retry", "terminate", "jump"]
-
-
-def short_drain_templates(directory: Path) -> Path:
-    """The built-in templates, with the offline drain's timeout cut to DRAIN_TIMEOUT_S."""
-    source = Path(builtin_templates.__file__).parent / "templates"
-    directory.mkdir(parents=True, exist_ok=True)
-    for template in source.glob("*.yaml"):
-        text = template.read_text()
-        if template.name == "offline.yaml":
-            drain = 'action: drain_node\n    args: {node_id: "{target}"}\n    timeout_s: 60'
-            assert drain in text
-            text = text.replace(drain, drain.replace("60", str(DRAIN_TIMEOUT_S)))
-        (directory / template.name).write_text(text)
-    return directory
 
 
 def task_events(events: Tap) -> list[TaskEvent]:
@@ -144,7 +130,7 @@ async def test_an_operator_pauses_resumes_and_terminates_running_tasks(
     env = stack_env(
         kafka_bootstrap, redis_url, namespace, tmp_path, WARDEN_LOG_LEVEL="INFO",
         AGENT_JOBS="", ANALYZER_ENABLED_NEEDS='["offline"]',
-        TEMPLATER_TEMPLATE_DIR=str(short_drain_templates(tmp_path / "templates")),
+        TEMPLATER_TEMPLATE_DIR=str(short_drain_templates(tmp_path / "templates", DRAIN_TIMEOUT_S)),
         # Agents that ignore commands must not also fail the centre's probes meanwhile.
         COLLECTOR_PROBE_PERIOD_S="3600",
         # Two of three nodes go offline here: let the pool's safety limits allow it.

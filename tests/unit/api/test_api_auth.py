@@ -13,6 +13,7 @@ TASK = str(uuid4())
 REASON = {"reason": "checking roles"}
 # Every route and the least role that may call it (the body is valid, or nearly).
 ROUTES: list[tuple[str, str, Any, Role]] = [
+    ("GET", "/api/me", None, "viewer"),
     ("GET", "/api/tasks", None, "viewer"),
     ("GET", f"/api/tasks/{TASK}", None, "viewer"),
     ("GET", "/api/nodes", None, "viewer"),
@@ -79,3 +80,10 @@ async def test_refusals_are_audited_without_the_token(api: Api) -> None:
     verified = (await api.get("/api/audit", role="admin", verify=True)).json()
     assert verified["chain"]["ok"] is True
     assert verified["total"] == 3
+
+
+async def test_me_says_who_the_caller_is_and_with_which_role(api: Api) -> None:
+    for role in ROLES:
+        response = await api.get("/api/me", role=role)
+        assert response.status_code == 200
+        assert response.json() == {"user": USERS[role], "role": role}

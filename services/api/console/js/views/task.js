@@ -213,7 +213,7 @@ export function taskView(container, { arg, live }) {
       if (again) again.open = openPlan;
     } catch (err) {
       if (err instanceof ApiError && (err.status === 404 || err.status === 422)) {
-        body.replaceChildren(h("p", { class: "error" }, `No task ${arg}: ${err.message}`));
+        body.replaceChildren(h("p", { class: "error" }, err.status === 404 ? err.message : `No task ${arg}: ${err.message}`));
         return;
       }
       throw err;

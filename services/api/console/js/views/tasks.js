@@ -176,7 +176,7 @@ export function tasksView(container, { params, live }) {
       error.hidden = true;
       // Unchanged data is not redrawn (a click on a row's button is never lost to a redraw),
       // except now and then so that the "… ago" times move on.
-      const key = JSON.stringify(page);
+      const key = JSON.stringify([filters, page]);
       if (key !== lastKey || Date.now() - lastDrawn > REDRAW_MS) {
         render(page);
         lastKey = key;

@@ -1,0 +1,244 @@
+"""The web console in a real browser: an operator pauses a running task from its page.
+
+Everything is real: the control-plane services and the task store's recorder as processes on
+the real broker and Redis, the API (uvicorn) on a SQLite store file, agents with a fault plan,
+and Debian's Chromium driven headless by Playwright (never a downloaded browser).
+
+The task's drain is held up deterministically as in test_operator_control: its node ignores
+commands, so the drain step stays started. The operator signs in, finds the task in the live
+list, opens it and pauses it with a reason; the page shows the pause waiting for the step;
+a second pause is refused (409, shown in the dialog). The node then listens again, the
+executor's deadline recovery completes the drain, and the task pauses at the step boundary:
+the page shows it paused, and so does the store. A viewer opening the task is refused the
+resume (403, shown in the dialog).
+
+Set CONSOLE_SCREENSHOT_DIR to keep a screenshot of each page visited (docs/console/).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+from uuid import UUID
+
+import httpx
+import pytest
+from playwright.async_api import Page, async_playwright, expect
+
+from agent import fleet
+from schemas.topics import Topic
+from services import launcher
+from services.shared.registry import register
+from services.shared.signing import ensure_keypair
+from services.store.db import migrate, open_store
+from services.store.queries import get_task, list_audit
+from tests.integration.harness import (
+    SMALL_POOL_SAFETY,
+    is_up,
+    name,
+    services,
+    short_drain_templates,
+    stack_env,
+    tap,
+)
+
+pytestmark = pytest.mark.integration
+
+NODES = ["node-001", "node-002", "node-003"]
+TARGET = "node-002"
+# The drain's deadline: the browser work (find, open, pause, see the pause wait, be refused a
+# second one) must fit before it, since the node only listens again afterwards.
+DRAIN_TIMEOUT_S = 25
+OPERATOR_TOKEN = "console-operator-token-0123456789"
+VIEWER_TOKEN = "console-viewer-token-0123456789"
+REASON = "hold for the maintenance window"
+MS = 1000
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def wait_healthy(base: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient(timeout=2.0) as client:
+        while True:
+            try:
+                if (await client.get(f"{base}/healthz")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the API at {base} not healthy after {timeout_s}s")
+            await asyncio.sleep(0.2)
+
+
+def chromium() -> str | None:
+    """Debian's chromium, if installed (the test never downloads a browser)."""
+    path = shutil.which("chromium") or "/usr/bin/chromium"
+    return path if Path(path).exists() else None
+
+
+def screenshot_path(label: str) -> Path | None:
+    if folder := os.getenv("CONSOLE_SCREENSHOT_DIR"):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        return Path(folder) / f"{label}.png"
+    return None
+
+
+async def screenshot(page: Page, label: str) -> None:
+    """Keep the page for the README when CONSOLE_SCREENSHOT_DIR says where."""
+    if path := screenshot_path(label):
+        await page.screenshot(path=str(path), full_page=True)
+
+
+@pytest.mark.timeout(300)
+async def test_an_operator_pauses_a_running_task_in_the_console(
+    kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    browser_path = chromium()
+    if browser_path is None:
+        pytest.skip("Debian's chromium is not installed (deploy/local/chromium.sh installs it)")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    database_url = f"sqlite+aiosqlite:///{tmp_path / 'warden.db'}"
+    env = stack_env(
+        kafka_bootstrap, redis_url, namespace, tmp_path, WARDEN_LOG_LEVEL="INFO",
+        AGENT_JOBS="", ANALYZER_ENABLED_NEEDS='["offline"]',
+        TEMPLATER_TEMPLATE_DIR=str(short_drain_templates(tmp_path / "templates", DRAIN_TIMEOUT_S)),
+        # Agents that ignore commands must not also fail the centre's probes meanwhile.
+        COLLECTOR_PROBE_PERIOD_S="3600",
+        DATABASE_URL=database_url,
+        API_HOST="127.0.0.1", API_PORT=str(port),
+        API_TOKENS=f"{OPERATOR_TOKEN}:olivia:operator,{VIEWER_TOKEN}:vic:viewer",
+        **SMALL_POOL_SAFETY,
+    )
+    # Migrated once here: the recorder and the API would otherwise both create the schema of
+    # the same new file at the same moment.
+    await migrate(database_url)
+    _, public = ensure_keypair(tmp_path / "keys")
+    async with services(env, tmp_path, (*launcher.SERVICES, launcher.API)):
+        await register(redis_url, namespace, "itest", NODES)
+        fleet.fleet_up(len(NODES), 1, "itest", namespace, tmp_path, env, [public], 1.0)
+        try:
+            async with tap(kafka_bootstrap, name(Topic.OPS_NODE_STATE, namespace)) as watch, \
+                    async_playwright() as pw:
+                await wait_healthy(base, 60)
+                browser = await pw.chromium.launch(executable_path=browser_path, headless=True,
+                                                   args=["--no-sandbox"])
+                page = await browser.new_page(viewport={"width": 1440, "height": 900})
+                errors: list[str] = []
+                page.on("pageerror", lambda err: errors.append(str(err)))
+
+                # Sign in: the token is asked for once and kept in the browser.
+                await page.goto(f"{base}/")
+                await page.fill("#token", OPERATOR_TOKEN)
+                await page.click("#login-button")
+                await expect(page.get_by_test_id("tasks-table")).to_be_visible()
+                for node in NODES:
+                    await watch.wait_for(is_up(node), 90, f"{node} up")
+
+                fleet.inject_fault(tmp_path, TARGET, ignore_commands=True)
+                fleet.inject_fault(tmp_path, TARGET, xid=[79])
+
+                # The live list picks the task up by itself (it polls); open it from there.
+                row = page.locator('tr[data-state="running"]', has_text=TARGET)
+                await expect(row).to_be_visible(timeout=120 * MS)
+                task_id = UUID(await row.get_attribute("data-task-id") or "")
+                await screenshot(page, "tasks")
+                await row.get_by_test_id("task-link").click()
+                state = page.get_by_test_id("task-state").locator(".badge")
+                await expect(state).to_have_text("running")
+                await expect(page.locator('[data-step="0"]')).to_have_attribute(
+                    "data-state", "started")
+
+                # Pause, with a reason.
+                await page.get_by_test_id("task-actions").locator(
+                    'button[data-action="pause"]').click()
+                await page.fill("#action-reason", REASON)
+                await page.click("#action-confirm")
+                await expect(page.get_by_test_id("control-accepted")).to_contain_text(
+                    "pauses when the running step ends")
+                # The executor acknowledged it: the page says the pause waits for the step.
+                await expect(page.get_by_test_id("pending-control")).to_contain_text(
+                    "Pause requested by olivia", timeout=30 * MS)
+                await expect(state).to_have_text("running")
+
+                # A second pause is illegal now: the API's 409 and its reason, in the dialog.
+                await page.get_by_test_id("task-actions").locator(
+                    'button[data-action="pause"]').click()
+                await page.fill("#action-reason", "again")
+                await page.click("#action-confirm")
+                refusal = page.locator("#action-error")
+                await expect(refusal).to_be_visible()
+                await expect(refusal).to_contain_text("409")
+                await expect(refusal).to_contain_text("a pause is already requested")
+                await page.click("#action-cancel")
+
+                # The node listens again; the drain completes on the executor's deadline
+                # recovery, and the task pauses at the step boundary.
+                fleet.inject_fault(tmp_path, TARGET, ignore_commands=False)
+                await expect(state).to_have_text("paused", timeout=(DRAIN_TIMEOUT_S + 60) * MS)
+                await expect(page.locator('[data-step="0"]')).to_have_attribute(
+                    "data-state", "completed")
+                await expect(page.get_by_test_id("task-actions").locator(
+                    'button[data-action="resume"]')).to_be_visible()
+                await screenshot(page, "task")
+                for route in ("cluster", "capacity"):
+                    await page.goto(f"{base}/#/{route}")
+                    await expect(page.locator(f'[data-view="{route}"]')).to_be_visible()
+                    await page.wait_for_timeout(2500)
+                    await screenshot(page, route)
+
+                # A viewer sees the task but may not act on it: the API's 403, in the dialog
+                # (or, where the API names the caller's role, the button is disabled).
+                viewer = await browser.new_page()
+                viewer.on("pageerror", lambda err: errors.append(str(err)))
+                await viewer.goto(f"{base}/#/task/{task_id}")
+                await viewer.fill("#token", VIEWER_TOKEN)
+                await viewer.click("#login-button")
+                await expect(viewer.get_by_test_id("task-state").locator(".badge")).to_have_text(
+                    "paused")
+                resume = viewer.get_by_test_id("task-actions").locator(
+                    'button[data-action="resume"]')
+                refused_by_api = await resume.is_enabled()
+                if refused_by_api:
+                    await resume.click()
+                    await viewer.fill("#action-reason", "not mine to resume")
+                    await viewer.click("#action-confirm")
+                    await expect(viewer.locator("#action-error")).to_contain_text("403")
+                    await expect(viewer.locator("#action-error")).to_contain_text(
+                        "needs the operator role")
+                else:
+                    assert "operator" in (await resume.get_attribute("title") or "")
+                assert not errors, errors
+                await browser.close()
+
+            # The store has it paused, by the operator, with the reason; and the audit log
+            # holds the accepted pause, the refused one and the viewer's refused resume.
+            store = open_store(database_url)
+            try:
+                async with store.session() as session:
+                    task = await get_task(session, task_id)
+                    audit, _ = await list_audit(session, 100, 0)
+            finally:
+                await store.close()
+            assert task is not None
+            assert (task.state, task.target, task.current_step) == ("paused", TARGET, 1)
+            stop = next(t for t in task.transitions if t.state == "paused")
+            assert (stop.actor, stop.reason, stop.previous_state) == (
+                "olivia", f"pause: {REASON}", "running")
+            pauses = [(a.actor, a.reason, a.result) for a in audit if a.action == "pause"]
+            assert ("olivia", REASON, "accepted") in pauses, pauses
+            assert any(result.startswith("409") for _, _, result in pauses), pauses
+            if refused_by_api:
+                assert any(a.actor == "vic" and a.result == "403" for a in audit), audit
+        finally:
+            fleet.fleet_down(tmp_path)
