@@ -9,6 +9,7 @@ is kept for `API_FORECAST_TTL_S` per pool (the forecast is hourly: a minute chan
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import logging
 import time
@@ -36,6 +37,7 @@ class Outlook:
     forecast: dict[str, Any] | None = None
     capacity: dict[str, Any] | None = None
     error: str | None = None
+    fresh: bool = False  # computed by this call (not from the cache): its proposal is new
 
 
 @dataclass
@@ -63,7 +65,7 @@ async def outlook(reader: ClusterReader, redis: Redis, keys: Keys, cache: Foreca
             return cached[1]
         result = await _compute(reader, redis, keys, cluster, pool, band, now)
         cache.entries[key] = (time.monotonic() + cache.ttl_s, result)
-        return result
+        return dataclasses.replace(result, fresh=True)
 
 
 async def _compute(reader: ClusterReader, redis: Redis, keys: Keys, cluster: str, pool: str,

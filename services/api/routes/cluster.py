@@ -28,6 +28,7 @@ from services.scheduler.breaker import SCOPE_SEPARATOR, breaker_name
 from services.scheduler.breaker_store import BreakerUnreadable
 from services.scheduler.handlers import reset_alert
 from services.shared.audit import AuditLog
+from services.store.queries import append_audit
 
 router = APIRouter(prefix="/api", tags=["cluster"])
 SOURCE = "api"
@@ -175,6 +176,16 @@ async def capacity(
     band = BandArgs.model_validate(args.model_dump())
     outlook = await forecasting.outlook(rt.reader, rt.redis, rt.keys, rt.forecasts, cluster,
                                         pool, band, now)
+    proposal = (outlook.capacity or {}).get("proposal")
+    if outlook.fresh and isinstance(proposal, dict):
+        # Shadow mode: the proposal is recorded (in the audit log, with what it saw) and
+        # never acted on; a forecast never proposes a scale-in.
+        async with rt.store.session() as session:
+            await append_audit(
+                session, actor="forecast", role="system", action="shadow_scale_out",
+                target=f"{cluster}/{pool}", reason=str(proposal.get("reason", ""))[:500],
+                result="recorded, not acted on", detail={"proposal": proposal},
+            )
     return CapacityOut(
         cluster=cluster, pool=pool, resolution_s=int(resolution), history=history,
         band=Band.model_validate(band.model_dump(include=set(Band.model_fields))),

@@ -186,3 +186,10 @@ async def test_a_pool_heading_out_of_its_range_gets_a_shadow_scale_out(api: Api)
     assert proposal["shadow"] is True
     assert proposal["nodes"] >= 1
     assert report["scale_in"] is None
+    # Recorded (once per fresh forecast), never acted on.
+    [recorded] = [e for e in await api.audit() if e.action == "shadow_scale_out"]
+    assert (recorded.actor, recorded.target, recorded.result) == (
+        "forecast", f"{CLUSTER}/default", "recorded, not acted on")
+    assert recorded.detail["proposal"]["nodes"] == proposal["nodes"]
+    await api.get("/api/capacity", cluster=CLUSTER)  # served from the cache: not again
+    assert len([e for e in await api.audit() if e.action == "shadow_scale_out"]) == 1
