@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import platform
-import signal
 import tempfile
 import time
 from datetime import UTC, datetime
@@ -24,6 +23,7 @@ from uuid import uuid4
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from bench.common import exit_cleanly_on_sigterm
 from schemas.events.v1 import now_utc
 from schemas.topics import Topic, topic_name
 from services import launcher
@@ -137,11 +137,6 @@ async def main() -> None:
         print(json.dumps(result))
 
 
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    # Turn SIGTERM (e.g. from `timeout`) into an exception, so the collectors are stopped.
-    raise SystemExit(143)
-
-
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    exit_cleanly_on_sigterm()
     asyncio.run(main())

@@ -22,7 +22,6 @@ import json
 import os
 import platform
 import random
-import signal
 import statistics
 import tempfile
 import time
@@ -34,6 +33,7 @@ from uuid import uuid4
 from aiokafka import AIOKafkaConsumer
 
 from agent import fleet
+from bench.common import exit_cleanly_on_sigterm, percentile
 from schemas.events.v1 import OpsNeed
 from schemas.topics import Topic, topic_name
 from services import launcher
@@ -61,12 +61,6 @@ CASES: dict[str, tuple[Inject, str]] = {
     "fatal_xid": (xid, ""),
     "hung_job": (hang, "train"),
 }
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
 
 
 async def run_case(case: str, trials: int, interval: float, settings: dict[str, str],
@@ -120,10 +114,6 @@ async def run_case(case: str, trials: int, interval: float, settings: dict[str, 
     }
 
 
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(143)
-
-
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -149,5 +139,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    exit_cleanly_on_sigterm()
     asyncio.run(main())

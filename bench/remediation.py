@@ -26,7 +26,6 @@ import json
 import os
 import platform
 import random
-import signal
 import statistics
 import tempfile
 import time
@@ -40,6 +39,7 @@ from aiokafka import AIOKafkaConsumer
 from agent import fleet
 from agent.jobs import job_dir
 from agent.ml.runtime import STATUS_FILE
+from bench.common import exit_cleanly_on_sigterm, percentile
 from schemas.events.v1 import TaskEvent
 from schemas.topics import Topic, topic_name
 from services import launcher
@@ -56,12 +56,6 @@ def status(state: Path, node: str, job: str) -> dict[str, Any]:
     except (FileNotFoundError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
 
 
 class Events:
@@ -202,10 +196,6 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(143)
-
-
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -223,5 +213,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    exit_cleanly_on_sigterm()
     asyncio.run(main())

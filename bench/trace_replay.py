@@ -54,6 +54,7 @@ from uuid import uuid4
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 
+from bench.common import percentile
 from bench.fleet_sim import FaultyReport, FleetSim, drop_namespace
 from schemas.envelope import Envelope
 from schemas.events.v1 import Fault, NodeState, OpsNeed, PoolHealth
@@ -190,13 +191,6 @@ def titan_faults(event: TitanEvent) -> list[Fault]:
 
 
 # ---------------------------------------------------------------- pure: figures
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..1), as bench/detection.py computes it."""
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
 
 
 def minute_index(at: float, t0: float, seconds_per_minute: float) -> int:

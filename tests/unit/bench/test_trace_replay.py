@@ -8,6 +8,7 @@ from uuid import uuid4
 
 import pytest
 
+from bench.common import percentile
 from bench.fleet_sim import (
     ActiveFault,
     FaultyReport,
@@ -27,7 +28,6 @@ from bench.trace_replay import (
     busy_target,
     compressed_env,
     minute_index,
-    percentile,
     read_philly,
     read_titan,
     titan_faults,
