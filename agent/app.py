@@ -22,6 +22,7 @@ from agent.faults import FaultPlan, read_faults, reports_paused
 from agent.host import HostSampler
 from agent.jobs import JobManager, JobRunner, SimulatedJobs, job_args, job_specs
 from agent.journal import Journal
+from agent.ml.serving import ModelServer
 from agent.peers import EchoListener, PeerProber
 from agent.report import Reporter
 from agent.settings import AgentSettings
@@ -77,6 +78,8 @@ class Agent:
         self._executor: CommandExecutor | None = None
         self._reporter: Reporter | None = None
         self._jobs: JobRunner | None = None
+        self.models = ModelServer(settings.model_names(), settings.model_max_concurrency)
+        self._load_task: asyncio.Task[None] | None = None
         self._listener = EchoListener(self.state_dir, settings.probe_port)
         self._peers = PeerProber(settings.node_id, self.state_dir.parent,
                                  count=settings.peer_probes, timeout_s=settings.probe_timeout_s)
@@ -115,6 +118,7 @@ class Agent:
             default_interval_s=settings.interval_s,
             jobs=JobActions(settings.node_id, settings.gpus, jobs, store,
                             stop_timeout_s=settings.job_stop_timeout_s),
+            models=self.models,
             publish=self._publish_later,
         )
         # Seeded by the node's name, so a node's simulated GPUs look the same every run.
@@ -130,6 +134,7 @@ class Agent:
             journal=journal,
             jobs=jobs,
             peer_probes=self._peers.latest,
+            models=self.models.served,
         )
         jobs.reconcile(journal.mode, read_faults(self.state_dir))
         log.info("agent %s (cluster %s, pool %s): state in %s, mode %s, interval %.3g s, "
@@ -156,8 +161,12 @@ class Agent:
         await ensure_topics(self.settings.kafka_bootstrap_servers, self.settings.namespace)
 
     async def start_reporting(self) -> None:
-        """Start the report loop once the broker is connected."""
+        """Start the report loop once the broker is connected (and train the served models,
+        off the loop: reports say `loading` until each is ready)."""
         self._stop.clear()
+        if self.models.names and self._load_task is None:
+            self._load_task = asyncio.create_task(asyncio.to_thread(self.models.load),
+                                                  name="agent-models")
         self._loop_task = asyncio.create_task(self.report_loop(), name="agent-reports")
         self._tend_task = asyncio.create_task(self.tend_jobs(), name="agent-jobs")
 
@@ -174,6 +183,11 @@ class Agent:
             tending.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await tending
+        loading, self._load_task = self._load_task, None
+        if loading is not None and not loading.done():
+            # The training thread cannot be interrupted; it ends on its own (seconds).
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(loading), timeout=30.0)
         probing, self._probe_task = self._probe_task, None
         if probing is not None:
             probing.cancel()

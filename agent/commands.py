@@ -27,7 +27,9 @@ from pydantic import ValidationError
 from agent.actions import JOB_ACTIONS, JobActions
 from agent.effects import IN_PROGRESS, Effect, Outcome
 from agent.faults import FaultPlan
+from agent.inference import InferenceActions
 from agent.journal import NODE_FENCE, Journal
+from agent.ml.serving import ModelServer
 from schemas.events.v1 import (
     Action,
     ActionName,
@@ -36,6 +38,7 @@ from schemas.events.v1 import (
     CommandPayload,
     CommandResult,
     DrainNode,
+    InferenceOutput,
     MigrateJob,
     NodeMode,
     OfflineNode,
@@ -43,6 +46,7 @@ from schemas.events.v1 import (
     OutputValue,
     ProbeNode,
     QueryStatus,
+    RunInference,
     SetReportInterval,
     SetResources,
     StartJob,
@@ -82,8 +86,11 @@ def check_window(
 # ordering them against task commands could only make a task's command look stale (a cancel
 # refused as stale would leave a terminated task's migration running). They neither need
 # nor advance seq and epoch.
+# run_inference (the router's, many a second) is one of them: it changes nothing on the node,
+# and the router and the executor would otherwise race for the node's sequence numbers.
 UNORDERED_ACTIONS: frozenset[str] = frozenset({"probe_node", "query_status",
-                                               "set_report_interval", "cancel"})
+                                               "set_report_interval", "cancel",
+                                               "run_inference"})
 
 
 def fence_of(action: Action) -> str:
@@ -198,6 +205,7 @@ class CommandExecutor:
         fault_plan: Callable[[], FaultPlan] = FaultPlan,
         default_interval_s: float = 2.0,
         jobs: JobActions | None = None,
+        models: ModelServer | None = None,
         publish: Callable[[CommandResult], Awaitable[None]] | None = None,
         clock: Callable[[], datetime] = now_utc,
     ) -> None:
@@ -210,6 +218,7 @@ class CommandExecutor:
         self.fault_plan = fault_plan
         self.default_interval_s = default_interval_s
         self.jobs = jobs
+        self.inference = InferenceActions(models, fault_plan)
         # Where the result of a long action goes when it ends (the agent publishes it).
         self.publish = publish
         self.clock = clock
@@ -277,9 +286,12 @@ class CommandExecutor:
 
         return self._execute(command, payload, now)
 
-    def _decide(self, action: Action, mode: NodeMode, interval_s: float) -> Effect:
+    def _decide(self, action: Action, mode: NodeMode, interval_s: float,
+                command_id: UUID) -> Effect:
         if isinstance(action, Cancel):
             return self._decide_cancel(action)
+        if isinstance(action, RunInference):
+            return self.inference.decide(action, mode, command_id)
         queried = (
             self.journal.cached_result(action.command_id)
             if isinstance(action, QueryStatus)
@@ -314,7 +326,7 @@ class CommandExecutor:
         action = payload.action
         mode = self.journal.mode
         interval_s = self.interval_s
-        effect = self._decide(action, mode, interval_s)
+        effect = self._decide(action, mode, interval_s, payload.command_id)
         if payload.dry_run:
             outputs: dict[str, OutputValue] = {
                 "dry_run": True, "mode": mode, "interval_s": interval_s
@@ -331,7 +343,8 @@ class CommandExecutor:
                     outputs.setdefault(key, value)
                 if effect.plan:
                     outputs["plan"] = effect.plan
-            effect = Effect(effect.outcome, effect.reason, None, outputs)
+            effect = Effect(effect.outcome, effect.reason, None, outputs,
+                            inference=effect.inference)
         elif action.action in self.fault_plan().fail_actions and effect.outcome == "succeeded":
             effect = Effect("failed", "injected_failure", None, {"mode": mode})
         else:
@@ -342,7 +355,7 @@ class CommandExecutor:
                 return None
 
         result = self._result(command, payload.command_id, payload, effect.outcome,
-                              effect.reason, effect.outputs, now)
+                              effect.reason, effect.outputs, now, effect.inference)
         # Journal (and change the mode or interval) in one transaction before anyone sees the
         # result.
         ordered = action.action not in UNORDERED_ACTIONS
@@ -375,8 +388,11 @@ class CommandExecutor:
         loop = asyncio.get_running_loop()  # before journaling: without a loop nothing runs
         pending = self._result(command, payload.command_id, payload, "unknown", IN_PROGRESS,
                                effect.outputs, now)
-        # Accepted now: it takes its place in the ordering, and a replay is a duplicate.
-        self.journal.record(pending, seq=payload.seq, epoch=payload.epoch, accepted=True,
+        # Accepted now: it takes its place in the ordering (unless it is outside it), and a
+        # replay is a duplicate.
+        ordered = payload.action.action not in UNORDERED_ACTIONS
+        self.journal.record(pending, seq=payload.seq if ordered else None,
+                            epoch=payload.epoch if ordered else None, accepted=True,
                             fence=fence_of(payload.action), now=now)
         task = loop.create_task(self._finish_long(command, payload, run),
                                 name=f"command-{payload.command_id}")
@@ -402,7 +418,7 @@ class CommandExecutor:
             log.exception("command %s %s failed", command_id, payload.action.action)
             effect = Effect("failed", "job_error")
         result = self._result(command, command_id, payload, effect.outcome, effect.reason,
-                              effect.outputs, self.clock())
+                              effect.outputs, self.clock(), effect.inference)
         if self._complete(result, payload):
             await self._publish(result)
         return result
@@ -489,6 +505,7 @@ class CommandExecutor:
         reason: str,
         outputs: dict[str, OutputValue],
         now: datetime,
+        inference: InferenceOutput | None = None,
     ) -> CommandResult:
         action: ActionName | None = payload.action.action if payload is not None else None
         return CommandResult(
@@ -506,4 +523,5 @@ class CommandExecutor:
             outcome=outcome,
             reason=reason,
             outputs=outputs,
+            inference=inference,
         )

@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from schemas.events.v1 import NodeMode, OutputValue
+from schemas.events.v1 import InferenceOutput, NodeMode, OutputValue
 
 Outcome = Literal["succeeded", "failed", "rejected", "unknown"]
 
@@ -32,3 +32,4 @@ class Effect:
     apply: Callable[[], Effect] | None = None
     run: Callable[[], Awaitable[Effect]] | None = None
     plan: str = ""
+    inference: InferenceOutput | None = None

@@ -8,7 +8,7 @@ import os
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -18,6 +18,21 @@ log = logging.getLogger("clusterwarden.agent.faults")
 
 FAULTS_FILE = "faults.json"
 MAX_XIDS = 64
+
+
+class ModelFault(BaseModel):
+    """A served model (or every model of the node) that fails some tasks, or answers slowly."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True, frozen=True)
+
+    model: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,128}(@[A-Za-z0-9_.-]{1,32})?$")] \
+        | None = Field(default=None, description="name or name@version; None: every model.")
+    failure_rate: Annotated[float, Field(ge=0.0, le=1.0)] = 1.0
+    cause: Literal["model_fault", "node_fault"] = Field(
+        default="model_fault",
+        description="model_fault: the output turns to NaN; node_fault: a device error.")
+    latency_ms: Annotated[float, Field(ge=0.0, le=600_000.0)] = Field(
+        default=0.0, description="Added to every answer of the model(s).")
 
 
 class FaultPlan(BaseModel):
@@ -47,6 +62,9 @@ class FaultPlan(BaseModel):
     ignore_commands: bool = Field(
         default=False, description="Reports go on, but commands get no answer at all."
     )
+    model_faults: list[ModelFault] = Field(
+        default_factory=list, max_length=16,
+        description="Served models that fail or slow down (the first that applies counts).")
 
     @property
     def healthy(self) -> bool:

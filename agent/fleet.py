@@ -218,11 +218,13 @@ def agent_env(
     pool: str = "default",
     jobs: str | None = None,
     probe_port: int | None = None,
+    models: str | None = None,
 ) -> dict[str, str]:
     """The environment of one agent process (other AGENT_* settings pass through from `env`).
 
     `jobs` is AGENT_JOBS: None keeps env's (else "train,infer"), "" starts a standby agent
-    with no jobs of its own. Every agent of a fleet gets the same checkpoint store (env's
+    with no jobs of its own. `models` is AGENT_MODELS (the ML models it serves): None keeps
+    env's. Every agent of a fleet gets the same checkpoint store (env's
     AGENT_CHECKPOINT_STORE, else <state_dir>/checkpoints), so a job migrated out of one
     node resumes on any other.
     """
@@ -248,6 +250,8 @@ def agent_env(
     }
     if probe_port is not None:
         child["AGENT_PROBE_PORT"] = str(probe_port)
+    if models is not None:
+        child["AGENT_MODELS"] = models
     return child
 
 
@@ -264,6 +268,7 @@ def start_agent(
     pool: str = "default",
     jobs: str | None = None,
     probe_port: int | None = None,
+    models: str | None = None,
 ) -> AgentProcess:
     """Start one agent process (or return the one already running for this node)."""
     home = agent_dir(state_dir, node_id)
@@ -278,7 +283,7 @@ def start_agent(
     child_env = agent_env(
         node_id=node_id, gpus=gpus, cluster_id=cluster_id, namespace=namespace,
         state_dir=state_dir, env=env, trusted_keys=trusted_keys, interval_s=interval_s,
-        pool=pool, jobs=jobs, probe_port=probe_port,
+        pool=pool, jobs=jobs, probe_port=probe_port, models=models,
     )
     with logs.open("ab") as out:
         process = subprocess.Popen(
@@ -313,6 +318,7 @@ def fleet_up(
     pool: str = "default",
     first: int = 1,
     jobs: str | None = None,
+    models: str | None = None,
 ) -> list[AgentProcess]:
     """Start agents node-<first> .. node-<first+nodes-1>, each a `python -m agent` process."""
     # `jobs` (AGENT_JOBS) defaults to env's AGENT_JOBS, else "train,infer". A non-zero
@@ -323,7 +329,7 @@ def fleet_up(
         start_agent(
             node_name(number), gpus=gpus, cluster_id=cluster_id, namespace=namespace,
             state_dir=state_dir, env=env, trusted_keys=trusted_keys, interval_s=interval_s,
-            pool=pool, jobs=jobs,
+            pool=pool, jobs=jobs, models=models,
             probe_port=base_port + number - first if base_port else None,
         )
         for number in range(first, first + nodes)

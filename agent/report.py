@@ -12,16 +12,22 @@ from agent.faults import FaultPlan, faults_for_report, gpu_faults, inject_into_g
 from agent.host import HostSampler
 from agent.jobs import JobSource
 from agent.journal import Journal
-from schemas.events.v1 import Fault, GpuMetrics, HostMetrics, NodeReport, PeerProbe
+from schemas.events.v1 import Fault, GpuMetrics, HostMetrics, NodeReport, PeerProbe, ServedModel
 
 log = logging.getLogger("clusterwarden.agent.report")
 
 MAX_FAULTS = 256  # the schema's bound on NodeReport.faults
 MAX_PEER_PROBES = 16  # the schema's bound on NodeReport.peer_probes
+MAX_MODELS = 64  # the schema's bound on NodeReport.models
 
 
 def no_peers() -> list[PeerProbe]:
     """The peer probes of an agent that probes nobody."""
+    return []
+
+
+def no_models() -> list[ServedModel]:
+    """The models of an agent that serves none."""
     return []
 
 
@@ -40,6 +46,7 @@ class Reporter:
         journal: Journal,
         jobs: JobSource,
         peer_probes: Callable[[], list[PeerProbe]] = no_peers,
+        models: Callable[[], list[ServedModel]] = no_models,
     ) -> None:
         self.node_id = node_id
         self.cluster_id = cluster_id
@@ -50,6 +57,7 @@ class Reporter:
         self.journal = journal
         self.jobs = jobs
         self.peer_probes = peer_probes
+        self.models = models
         self.source = f"agent-{node_id}"[:128]
 
     @property
@@ -106,4 +114,5 @@ class Reporter:
             faults=faults[:MAX_FAULTS],
             jobs=jobs,
             peer_probes=self.peer_probes()[:MAX_PEER_PROBES],
+            models=self.models()[:MAX_MODELS],
         )

@@ -66,6 +66,24 @@ class AgentSettings(ServiceSettings):
     )
     peer_probes: int = Field(default=3, ge=0, le=16, description="Peers probed per round.")
     probe_timeout_s: float = Field(default=1.0, gt=0.0, le=30.0)
+    models: str = Field(
+        default="",
+        description="Comma-separated ML models to serve for routed tasks, as name@version "
+        "from agent/ml/serving.py's catalogue (e.g. digits-mlp@1,digits-knn@1); '' none.",
+    )
+    model_max_concurrency: int = Field(
+        default=4, ge=1, le=1_024, description="Tasks each served model runs at once.")
+
+    @field_validator("models")
+    @classmethod
+    def _known_models(cls, value: str) -> str:
+        from agent.ml.serving import parse_models
+
+        return ",".join(parse_models(value))
+
+    def model_names(self) -> tuple[str, ...]:
+        """The models this node serves (name@version), each once."""
+        return tuple(name for name in self.models.split(",") if name)
 
     @field_validator("jobs")
     @classmethod

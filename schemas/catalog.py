@@ -5,6 +5,9 @@ from schemas.events.v1 import (
     Alert,
     Command,
     CommandResult,
+    MlTaskOutcome,
+    MlTaskSubmitted,
+    ModelSelected,
     NodeReport,
     NodeState,
     OpsNeed,
@@ -30,4 +33,7 @@ TOPIC_MODELS: dict[Topic, type[Envelope]] = {
     Topic.OPS_TASK_CONTROL: TaskControl,
     Topic.OPS_ALERTS: Alert,
     Topic.OPS_POOL_HEALTH: PoolHealth,
+    Topic.ML_TASKS_SUBMITTED: MlTaskSubmitted,
+    Topic.ML_TASKS_OUTCOMES: MlTaskOutcome,
+    Topic.ML_DECISIONS: ModelSelected,
 }

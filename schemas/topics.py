@@ -25,6 +25,7 @@ class Topic(StrEnum):
     OPS_ALERTS = "ops.alerts.v1"
     ML_TASKS_SUBMITTED = "ml.tasks.submitted.v1"
     ML_TASKS_OUTCOMES = "ml.tasks.outcomes.v1"
+    ML_DECISIONS = "ml.tasks.decisions.v1"
 
 
 DEAD_LETTER_SUFFIX = ".dlt"

@@ -17,6 +17,7 @@ import typer
 from aiokafka import AIOKafkaConsumer
 from pydantic import SecretStr, TypeAdapter, ValidationError
 
+from agent.ml.serving import STANDARD_MODELS, parse_models
 from schemas.catalog import TOPIC_MODELS
 from schemas.envelope import Identifier, Reason
 from schemas.events.v1 import Alert, NodeState, OpsNeed, TaskEvent
@@ -224,6 +225,9 @@ def fleet_up(
     jobs: Annotated[str, typer.Option(
         help="ML jobs per agent: train,infer | '' for none | sim (no processes).")] = "train,infer",
     first: Annotated[int, typer.Option(min=1, help="Number of the first node.")] = 1,
+    models: Annotated[str, typer.Option(
+        help="ML models each agent serves for routed tasks (name@version,...; '' none).")
+    ] = ",".join(STANDARD_MODELS),
 ) -> None:
     """Start NODES local agent processes."""
     from agent import fleet
@@ -231,8 +235,13 @@ def fleet_up(
     settings = _settings()
     state = _state_dir(settings)
     _, public = ensure_keypair(state / "keys")
+    try:
+        parse_models(models)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--models") from err
     agents = fleet.fleet_up(nodes, gpus, settings.cluster_id, settings.namespace, state,
-                            _service_env(settings), [public], interval, first=first, jobs=jobs)
+                            _service_env(settings), [public], interval, first=first, jobs=jobs,
+                            models=models)
     _enrol(settings, [a.node_id for a in agents])
     typer.echo(f"started {len(agents)} agents: " + ", ".join(a.node_id for a in agents))
 
@@ -258,11 +267,28 @@ def fleet_fault(
     flap: Annotated[float, typer.Option(
         min=0, help="Alternate reporting and silence every FLAP seconds.")] = 0.0,
     deaf: Annotated[bool, typer.Option(help="Report, but answer no command.")] = False,
+    flaky_model: Annotated[str | None, typer.Option(
+        help="Make a served model (name or name@version) fail some tasks: its output turns "
+             "to NaN (a model fault).")] = None,
+    failing_node: Annotated[bool, typer.Option(
+        help="Make every served model fail some tasks with a device error (a node fault).")
+    ] = False,
+    failure_rate: Annotated[float, typer.Option(
+        min=0.0, max=1.0, help="Share of tasks the flaky model or failing node fails.")] = 1.0,
+    slow_ms: Annotated[float, typer.Option(
+        min=0.0, help="Add this latency to the flaky model's (or the node's) answers.")] = 0.0,
 ) -> None:
     """Inject a fault (or a load) on one agent; it adds to what is already injected."""
     from agent import fleet
+    from agent.faults import ModelFault, read_faults
 
     changes: dict[str, object] = {}
+    if flaky_model is not None or failing_node:
+        fault = ModelFault(model=flaky_model, failure_rate=failure_rate,
+                           cause="node_fault" if failing_node else "model_fault",
+                           latency_ms=slow_ms)
+        current = read_faults(fleet.agent_dir(_state_dir(_settings()), node)).model_faults
+        changes["model_faults"] = [f.model_dump() for f in (fault, *current)]
     if xid:
         changes["xid"] = list(xid)
     if ecc:
@@ -329,8 +355,9 @@ def demo(
     names = [f"node-{i:03d}" for i in range(1, nodes + 1)]
     for node in names:  # a calm start: every GPU at 40%
         fleet.inject_fault(state, node, load_pct=40.0)
+    # The agents also serve the standard models: `warden submit --digit 3 --wait` routes.
     agents = fleet.fleet_up(nodes, 2, settings.cluster_id, settings.namespace, state, env,
-                            [public], 2.0)
+                            [public], 2.0, models=",".join(STANDARD_MODELS))
     _enrol(settings, [a.node_id for a in agents])
     typer.echo(f"services and {len(agents)} agents running; logs in {state / 'logs'}; "
                f"console at {_api_url()}")
@@ -963,3 +990,228 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# ------------------------------------------------------------------ ML tasks (issue 6)
+
+ml_app = typer.Typer(help="ML tasks and the models that run them (through the API).",
+                     no_args_is_help=True)
+app.add_typer(ml_app, name="ml")
+FINAL_ML_STATES = frozenset({"succeeded", "failed"})
+
+
+def held_out_digit(index: int) -> list[float]:
+    """The index-th held-out digit of the data set, as a digits task's input (0..16)."""
+    from agent.ml.data import PIXEL_MAX, digits, split
+
+    _, _, x_test, _ = split(*digits())
+    return [float(round(v * PIXEL_MAX)) for v in x_test[index % len(x_test)]]
+
+
+def parse_input(text: str) -> list[float]:
+    """Numbers separated by commas or blanks."""
+    try:
+        return [float(part) for part in text.replace(",", " ").split()]
+    except ValueError as err:
+        raise typer.BadParameter("numbers separated by commas or blanks",
+                                 param_hint="--input") from err
+
+
+def attempt_line(attempt: Mapping[str, Any]) -> str:
+    """One attempt: where it ran, the decision, how it ended."""
+    where = (f"{attempt.get('model')}:{attempt.get('version')} on {attempt.get('node_id')}"
+             if attempt.get("node_id") else f"nothing chosen ({attempt.get('status')})")
+    if attempt.get("outcome") == "succeeded":
+        end = f"-> {attempt.get('prediction')} ({_text(attempt.get('latency_ms'))} ms)"
+    elif attempt.get("outcome") == "failed":
+        end = f"-> failed: {attempt.get('cause')} (against {attempt.get('attributed_to')})"
+    else:
+        end = "-> in flight"
+    return f"  attempt {attempt['attempt']}: {where} [{attempt.get('status')}] {end}"
+
+
+def describe_ml_task(task: Mapping[str, Any], candidates: bool = False) -> str:
+    """`warden ml show`: the task, its attempts and (with --candidates) every decision."""
+    lines = [
+        f"task      {task['task_id']}  ({task.get('task_type')}, priority "
+        f"{_text(task.get('priority'))}{', critical' if task.get('critical') else ''}, by "
+        f"{_text(task.get('submitted_by'))})",
+        f"state     {task['state']}  {_text(task.get('reason'))}",
+        f"answer    {_text(task.get('prediction'))} (confidence "
+        f"{_text(task.get('confidence'))}) by {_text(task.get('model'))}:"
+        f"{_text(task.get('version'))} on {_text(task.get('node_id'))}, "
+        f"{_text(task.get('latency_ms'))} ms",
+        f"times     created {when(task.get('created_at'))}, deadline "
+        f"{when(task.get('deadline'))}, finished {when(task.get('finished_at'))}",
+    ]
+    for attempt in task.get("attempt_list") or []:
+        lines.append(attempt_line(attempt))
+        if attempt.get("decision_reason"):
+            lines.append(f"    decision: {attempt['decision_reason']}")
+        if candidates:
+            lines.append(table(
+                ["    ARM", "STATE", "ELIGIBLE", "MEAN", "N", "INFLIGHT", "SCORE", "REASON"],
+                [[f"    {c['arm']}", c["state"], "yes" if c["eligible"] else "no",
+                  f"{c['mean']:.3f}", f"{c['n_eff']:.1f}", f"{c['inflight']}/{c['limit']}",
+                  f"{c['score']:.3f}" if c.get("score") is not None else "-", c["reason"]]
+                 for c in attempt.get("candidates") or []], max_width=70))
+    return "\n".join(lines)
+
+
+def ml_tasks_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    return table(["TASK", "STATE", "TYPE", "MODEL", "NODE", "TRIES", "ANSWER", "CAUSE",
+                  "CREATED"],
+                 [[str(r["task_id"]), r["state"], _text(r.get("task_type")),
+                   f"{r['model']}:{r['version']}" if r.get("model") else "-",
+                   _text(r.get("node_id")), str(r.get("attempts", 0)),
+                   _text(r.get("prediction")), _text(r.get("cause")),
+                   when(r.get("created_at"))] for r in rows])
+
+
+@app.command()
+def submit(
+    task_type: Annotated[str, typer.Option("--type", help="The task type (e.g. digits).",
+                                           callback=_identifier)] = "digits",
+    digit: Annotated[int | None, typer.Option(
+        min=0, help="Send the N-th held-out digit of the data set (a digits task).")] = None,
+    values: Annotated[str | None, typer.Option(
+        "--input", help="The input: numbers separated by commas or blanks.")] = None,
+    deadline: Annotated[float, typer.Option(min=0.001, max=3_600.0,
+                                            help="Seconds it must be done in.")] = 10.0,
+    priority: Annotated[int, typer.Option(min=0, max=9, help="0 is the most urgent.")] = 5,
+    critical: Annotated[bool, typer.Option(
+        help="Choose the model by a pessimistic bound, not a sample.")] = False,
+    wait: Annotated[bool, typer.Option(
+        "--wait", help="Follow the task until it succeeds or fails.")] = False,
+    timeout: TimeoutOption = 60.0,
+    as_json: JsonOption = False,
+) -> None:
+    """Submit an ML task (operator); the router chooses the model, version and node."""
+    if (digit is None) == (values is None):
+        raise typer.BadParameter("give exactly one of --digit and --input")
+    payload = held_out_digit(digit) if digit is not None else parse_input(values or "")
+    try:
+        with api_client() as client:
+            accepted = client.submit_ml(task_type, payload, deadline, priority, critical)
+            task_id = UUID(accepted["task_id"])
+            if not wait:
+                if as_json:
+                    _print_json(accepted)
+                else:
+                    typer.echo(f"submitted ML task {task_id} (deadline "
+                               f"{when(accepted['deadline'])})")
+                return
+            task = follow_ml(client, task_id, timeout, quiet=as_json)
+    except ApiError as err:
+        raise _fail(err) from err
+    if as_json:
+        _print_json(task)
+    if task["state"] != "succeeded":
+        raise typer.Exit(1)
+
+
+def follow_ml(client: ApiClient, task_id: UUID, timeout_s: float, poll_s: float = 0.25,
+              quiet: bool = False) -> Mapping[str, Any]:
+    """Print each attempt as it ends, until the task is final (exit 2 on timeout)."""
+    deadline = time.monotonic() + timeout_s
+    shown: set[tuple[int, str | None]] = set()
+    if not quiet:
+        typer.echo(f"submitted ML task {task_id}")
+    while True:
+        try:
+            task = client.ml_task(task_id)
+        except ApiError as err:
+            if err.status != 404:  # not recorded yet
+                raise
+            task = {"state": "submitted", "attempt_list": []}
+        for attempt in task.get("attempt_list") or []:
+            key = (attempt["attempt"], attempt.get("outcome"))
+            if key not in shown and (attempt.get("outcome") or attempt.get("node_id")):
+                shown.add(key)
+                if not quiet:
+                    typer.echo(attempt_line(attempt))
+        if task["state"] in FINAL_ML_STATES:
+            if not quiet:
+                typer.echo(f"{task['state']}: {_text(task.get('reason'))}")
+            return task
+        if time.monotonic() >= deadline:
+            typer.echo(f"still {task['state']} after {timeout_s:g}s; stopped waiting", err=True)
+            raise typer.Exit(2)
+        time.sleep(poll_s)
+
+
+@ml_app.command("list")
+def ml_list(
+    state: Annotated[str | None, typer.Option(
+        help="submitted, running, succeeded, failed")] = None,
+    task_type: Annotated[str | None, typer.Option("--type",
+                                                  callback=_optional_identifier)] = None,
+    node: Annotated[str | None, typer.Option(help="Any attempt ran there.",
+                                             callback=_optional_identifier)] = None,
+    model: Annotated[str | None, typer.Option(help="Any attempt used it.",
+                                              callback=_optional_identifier)] = None,
+    cluster: Annotated[str | None, typer.Option(callback=_optional_identifier)] = None,
+    since: Annotated[str | None, typer.Option(help="Active since (ISO time, UTC).")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=500)] = 50,
+    offset: Annotated[int, typer.Option(min=0)] = 0,
+    as_json: JsonOption = False,
+) -> None:
+    """ML tasks, newest first, filtered."""
+    try:
+        with api_client() as client:
+            page = client.ml_tasks(state=state, task_type=task_type, node=node, model=model,
+                                   cluster=cluster, since=since, limit=limit, offset=offset)
+    except ApiError as err:
+        raise _fail(err) from err
+    if as_json:
+        _print_json(page)
+    elif not page["items"]:
+        typer.echo("no ML task matches")
+    else:
+        typer.echo(ml_tasks_table(page["items"]))
+
+
+@ml_app.command("show")
+def ml_show(task_id: UUID, candidates: Annotated[bool, typer.Option(
+        help="Also every candidate of every decision: statistics, eligibility, why.")] = False,
+            as_json: JsonOption = False) -> None:
+    """An ML task: its answer, its attempts and the decisions behind them."""
+    try:
+        with api_client() as client:
+            task = client.ml_task(task_id)
+    except ApiError as err:
+        raise _fail(err) from err
+    if as_json:
+        _print_json(task)
+    else:
+        typer.echo(describe_ml_task(task, candidates))
+
+
+@ml_app.command("models")
+def ml_models(
+    cluster: Annotated[str | None, typer.Option(callback=_optional_identifier)] = None,
+    task_type: Annotated[str | None, typer.Option("--type",
+                                                  callback=_optional_identifier)] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Which model versions each node serves, and how each is doing (live)."""
+    try:
+        with api_client() as client:
+            view = client.ml_models(cluster, task_type)
+    except ApiError as err:
+        raise _fail(err) from err
+    if as_json:
+        _print_json(view)
+        return
+    if not view["arms"]:
+        typer.echo("no node reports a served model")
+        return
+    typer.echo(table(
+        ["NODE", "TYPE", "MODEL", "FAMILY", "STATE", "READY", "QUARANTINE", "MEAN", "N",
+         "INFLIGHT", "LATENCY MS"],
+        [[a["node_id"], a["task_type"], f"{a['model']}:{a['version']}", a["family"],
+          a["model_state"], "yes" if a["ready"] else "no",
+          a["quarantine"] + (f" until {when(a['quarantined_until'])[11:]}"
+                             if a.get("quarantined_until") else ""),
+          f"{a['mean']:.3f}", f"{a['n_eff']:.1f}", str(a["inflight"]),
+          _text(a.get("latency_ms"))] for a in view["arms"]]))

@@ -27,7 +27,7 @@ from services.api.deps import Runtime, audit, client_detail
 from services.api.forecasting import ForecastCache
 from services.api.publisher import Publisher
 from services.api.routes import audit as audit_routes
-from services.api.routes import cluster, me, tasks
+from services.api.routes import cluster, me, ml, tasks
 from services.api.routes import templates as template_routes
 from services.api.settings import ApiSettings
 from services.scheduler.settings import SchedulerSettings
@@ -86,8 +86,8 @@ def create_api(settings: ApiSettings | None = None) -> FastAPI:
         title="ClusterWarden API",
         version="1",
         description="Ops tasks and their records, interventions, templates, nodes, breakers, "
-                    "budgets, capacity and the audit log. Bearer tokens; roles viewer < "
-                    "operator < admin.",
+                    "budgets, capacity and the audit log; ML tasks and the models that run "
+                    "them. Bearer tokens; roles viewer < operator < admin.",
         lifespan=lifespan,
     )
 
@@ -121,6 +121,7 @@ def create_api(settings: ApiSettings | None = None) -> FastAPI:
     app.include_router(cluster.router)
     app.include_router(audit_routes.router)
     app.include_router(me.router)
+    app.include_router(ml.router)
     # Last: the console takes every path no API route matched.
     console = Path(settings.console_dir) if settings.console_dir else CONSOLE_DIR
     app.mount("/", StaticFiles(directory=console, html=True), name="console")

@@ -136,3 +136,26 @@ class ApiClient:
         saved: dict[str, Any] = self.call("PUT", f"/api/templates/{name}",
                                           json={"yaml": text, "reason": reason})
         return saved
+
+    # ------------------------------------------------------------ ML tasks
+
+    def submit_ml(self, task_type: str, values: list[float], deadline_s: float,
+                  priority: int, critical: bool) -> dict[str, Any]:
+        accepted: dict[str, Any] = self.call("POST", "/api/ml/tasks", json={
+            "task_type": task_type, "input": values, "deadline_s": deadline_s,
+            "priority": priority, "critical": critical})
+        return accepted
+
+    def ml_tasks(self, **filters: Any) -> dict[str, Any]:
+        page: dict[str, Any] = self.call("GET", "/api/ml/tasks", params=filters)
+        return page
+
+    def ml_task(self, task_id: UUID) -> dict[str, Any]:
+        detail: dict[str, Any] = self.call("GET", f"/api/ml/tasks/{task_id}")
+        return detail
+
+    def ml_models(self, cluster: str | None = None,
+                  task_type: str | None = None) -> dict[str, Any]:
+        view: dict[str, Any] = self.call("GET", "/api/ml/models",
+                                         params={"cluster": cluster, "task_type": task_type})
+        return view

@@ -22,8 +22,10 @@ from services.shared.settings import ServiceSettings
 from services.shared.telemetry import Telemetry
 
 log = logging.getLogger("clusterwarden.api")
-# What the API publishes: operators' controls, and the alert announcing a breaker reset.
-PUBLISHED: tuple[Topic, ...] = (Topic.OPS_TASK_CONTROL, Topic.OPS_ALERTS)
+# What the API publishes: operators' controls, the alert announcing a breaker reset, and ML
+# task submissions.
+PUBLISHED: tuple[Topic, ...] = (Topic.OPS_TASK_CONTROL, Topic.OPS_ALERTS,
+                                Topic.ML_TASKS_SUBMITTED)
 
 
 class PublishFailed(Exception):

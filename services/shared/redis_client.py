@@ -165,3 +165,36 @@ class Keys:
     def audit_log(self) -> str:
         """STREAM of audited operator actions (hash-chained entries)."""
         return f"{self.prefix}audit"
+
+    # -------------------------------------------------------- ML task routing (issue 6)
+
+    def ml_registry(self, cluster: str) -> str:
+        """HASH node -> JSON of the models it serves, from its latest report (the registry)."""
+        return f"{self.prefix}ml:registry:{cluster}"
+
+    def ml_registry_seq(self, cluster: str) -> str:
+        """HASH node -> seq of the report the registry holds (older reports are ignored)."""
+        return f"{self.prefix}ml:registry-seq:{cluster}"
+
+    def ml_stats(self, cluster: str, stat_key: str) -> str:
+        """HASH of one decayed statistics entry of the selector (`arm:...`, `model:...`)."""
+        return f"{self.prefix}ml:stats:{cluster}:{stat_key}"
+
+    def ml_stats_prefix(self, cluster: str) -> str:
+        return f"{self.prefix}ml:stats:{cluster}:"
+
+    def ml_task(self, task_id: str) -> str:
+        """STRING: the router's record of one ML task (JSON, changed by compare-and-set)."""
+        return f"{self.prefix}ml:task:{task_id}"
+
+    def ml_due(self) -> str:
+        """ZSET task id -> when the router must look at the task again (epoch seconds)."""
+        return f"{self.prefix}ml:due"
+
+    def ml_active(self, cluster: str, task_type: str) -> str:
+        """ZSET task id -> its deadline: the task type's unfinished tasks (retry budget)."""
+        return f"{self.prefix}ml:active:{cluster}:{task_type}"
+
+    def ml_retrying(self, cluster: str, task_type: str) -> str:
+        """ZSET '<task>:<attempt>' -> attempt deadline: retries in flight (retry budget)."""
+        return f"{self.prefix}ml:retrying:{cluster}:{task_type}"

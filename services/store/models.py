@@ -178,3 +178,81 @@ class AuditHead(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     hash: Mapped[str] = mapped_column(String(64))
     count: Mapped[int] = mapped_column(BigInteger)
+
+
+# ------------------------------------------------------------------ ML tasks (issue 6)
+
+
+class MlTask(Base):
+    """An ML task: what was asked, where it ran, how it ended. Derived from `ml_events`."""
+
+    __tablename__ = "ml_tasks"
+
+    task_id: Mapped[UUID] = mapped_column(Uuid, primary_key=True)
+    cluster_id: Mapped[str] = mapped_column(String(128), index=True)
+    task_type: Mapped[str | None] = mapped_column(String(128), index=True)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    priority: Mapped[int | None] = mapped_column(Integer)
+    critical: Mapped[bool] = mapped_column(Boolean, default=False)
+    submitted_by: Mapped[str | None] = mapped_column(String(128))
+    deadline: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    input: Mapped[list[float] | None] = mapped_column(JSON)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # The latest attempt's target (the one that answered, for a finished task).
+    node_id: Mapped[str | None] = mapped_column(String(128), index=True)
+    model: Mapped[str | None] = mapped_column(String(128), index=True)
+    version: Mapped[str | None] = mapped_column(String(32))
+    family: Mapped[str | None] = mapped_column(String(128))
+    cause: Mapped[str | None] = mapped_column(String(32))
+    reason: Mapped[str] = mapped_column(String(256), default="")
+    prediction: Mapped[int | None] = mapped_column(BigInteger)
+    confidence: Mapped[float | None] = mapped_column(Float)
+    latency_ms: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class MlAttempt(Base):
+    """One attempt of an ML task: the decision behind it and how it ended."""
+
+    __tablename__ = "ml_attempts"
+
+    task_id: Mapped[UUID] = mapped_column(
+        Uuid, ForeignKey("ml_tasks.task_id", ondelete="CASCADE"), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    status: Mapped[str] = mapped_column(String(16))
+    node_id: Mapped[str | None] = mapped_column(String(128), index=True)
+    model: Mapped[str | None] = mapped_column(String(128))
+    version: Mapped[str | None] = mapped_column(String(32))
+    family: Mapped[str | None] = mapped_column(String(128))
+    command_id: Mapped[UUID | None] = mapped_column(Uuid)
+    probe: Mapped[bool] = mapped_column(Boolean, default=False)
+    decision_reason: Mapped[str] = mapped_column(String(256), default="")
+    # Every candidate the decision saw: statistics, eligibility and why, score.
+    candidates: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    decided_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    outcome: Mapped[str | None] = mapped_column(String(16))
+    cause: Mapped[str | None] = mapped_column(String(32))
+    attributed_to: Mapped[str | None] = mapped_column(String(16))
+    latency_ms: Mapped[float | None] = mapped_column(Float)
+    node_latency_ms: Mapped[float | None] = mapped_column(Float)
+    prediction: Mapped[int | None] = mapped_column(BigInteger)
+    confidence: Mapped[float | None] = mapped_column(Float)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    reason: Mapped[str] = mapped_column(String(256), default="")
+
+
+class MlEvent(Base):
+    """One ML event as received (submission, decision, outcome): the log, never changed."""
+
+    __tablename__ = "ml_events"
+    __table_args__ = (Index("ix_ml_events_task_order", "task_id", "occurred_at", "id"),)
+
+    id: Mapped[int] = mapped_column(AutoId, primary_key=True, autoincrement=True)
+    event_id: Mapped[UUID] = mapped_column(Uuid, unique=True)
+    task_id: Mapped[UUID] = mapped_column(
+        Uuid, ForeignKey("ml_tasks.task_id", ondelete="CASCADE"))
+    event_type: Mapped[str] = mapped_column(String(32))
+    occurred_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    body: Mapped[dict[str, Any]] = mapped_column(JSON)

@@ -116,3 +116,72 @@ class AuditRow(BaseModel):
     detail: dict[str, Any]
     prev_hash: str
     hash: str
+
+
+# ------------------------------------------------------------------ ML tasks (issue 6)
+
+MlTaskState = Literal["submitted", "running", "succeeded", "failed"]
+
+
+class MlTaskRow(BaseModel):
+    """One ML task in a list."""
+
+    model_config = _ROW
+
+    task_id: UUID
+    cluster_id: str
+    task_type: str | None = Field(description="None while only a later event was recorded.")
+    state: MlTaskState
+    priority: int | None
+    critical: bool
+    submitted_by: str | None
+    deadline: datetime | None
+    attempts: int = Field(description="Attempts sent to a node so far.")
+    node_id: str | None = Field(description="Where the latest attempt ran.")
+    model: str | None
+    version: str | None
+    family: str | None
+    cause: str | None = Field(description="Why the latest attempt (or the task) failed.")
+    reason: str
+    prediction: int | None
+    confidence: float | None
+    latency_ms: float | None = Field(description="Dispatch to answer of the final attempt.")
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+
+class MlAttemptRow(BaseModel):
+    """One attempt: the decision behind it (every candidate, and why) and how it ended."""
+
+    model_config = _ROW
+
+    attempt: int
+    status: str = Field(description="The decision: selected, fallback, panic, saturated, "
+                        "no_candidates.")
+    node_id: str | None
+    model: str | None
+    version: str | None
+    family: str | None
+    command_id: UUID | None
+    probe: bool
+    decision_reason: str
+    candidates: list[dict[str, Any]] = Field(
+        description="Each candidate's statistics, eligibility and reason, and score.")
+    decided_at: datetime | None
+    outcome: str | None
+    cause: str | None
+    attributed_to: str | None
+    latency_ms: float | None
+    node_latency_ms: float | None
+    prediction: int | None
+    confidence: float | None
+    ended_at: datetime | None
+    reason: str
+
+
+class MlTaskDetail(MlTaskRow):
+    """An ML task with its input and every attempt."""
+
+    input: list[float] | None
+    attempt_list: list[MlAttemptRow] = Field(description="Oldest first.")

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TypedDict, TypeVar
+from typing import Any, TypedDict, TypeVar
 from uuid import UUID
 
 from schemas.envelope import Envelope
 from schemas.events.v1 import (
     AddCapacity,
     Alert,
+    CandidateVerdict,
     Command,
     CommandPayload,
     CommandResult,
@@ -22,6 +23,9 @@ from schemas.events.v1 import (
     HostMetrics,
     JobInfo,
     MigrateJobs,
+    MlTaskOutcome,
+    MlTaskSubmitted,
+    ModelSelected,
     NodeReport,
     NodeState,
     OfflineNode,
@@ -31,6 +35,11 @@ from schemas.events.v1 import (
     PoolHealth,
     Sample,
     SampleBatch,
+    SelectionAvoid,
+    SelectionCandidate,
+    SelectionInputs,
+    SelectionTask,
+    ServedModel,
     Step,
     TaskControl,
     TaskEvent,
@@ -42,6 +51,14 @@ T0 = datetime(2026, 11, 30, 8, 0, 0, tzinfo=UTC)
 TASK = UUID("6f1c2d3e-4b5a-4c6d-8e7f-9a0b1c2d3e4f")
 NEED = UUID("0a1b2c3d-4e5f-4a6b-8c7d-8e9f0a1b2c3d")
 CMD = UUID("11111111-2222-4333-8444-555555555555")
+ML_TASK = UUID("7a2b3c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d")
+ML_CMD = UUID("22222222-3333-4444-8555-666666666666")
+# A held-out 0 of the digits (pixel counts 0..16), as `warden submit --digit` sends them.
+DIGIT = [0.0, 0.0, 5.0, 13.0, 9.0, 1.0, 0.0, 0.0, 0.0, 0.0, 13.0, 15.0, 10.0, 15.0, 5.0, 0.0,
+         0.0, 3.0, 15.0, 2.0, 0.0, 11.0, 8.0, 0.0, 0.0, 4.0, 12.0, 0.0, 0.0, 8.0, 8.0, 0.0,
+         0.0, 5.0, 8.0, 0.0, 0.0, 9.0, 8.0, 0.0, 0.0, 4.0, 11.0, 0.0, 1.0, 12.0, 7.0, 0.0,
+         0.0, 2.0, 14.0, 5.0, 10.0, 12.0, 0.0, 0.0, 0.0, 0.0, 6.0, 13.0, 10.0, 0.0, 0.0, 0.0]
+NOW_S = T0.timestamp()
 
 
 def _uuid(n: int) -> UUID:
@@ -101,6 +118,9 @@ def examples() -> dict[str, Envelope]:
             jobs=[JobInfo(job_id="train-7", kind="training", state="running", progress_pct=12.5,
                           throughput=830.0, gpu_indices=[0])],
             peer_probes=[PeerProbe(peer_node_id="node-001", reachable=True, rtt_ms=0.4)],
+            models=[ServedModel(task_type="digits", model="digits-mlp", version="2",
+                                family="mlp", state="ready", max_concurrency=4,
+                                accuracy=0.975)],
         ),
         "sample": sample,
         "sample_batch": SampleBatch(**envelope(13, "collector", "local.reports-0"),
@@ -132,10 +152,68 @@ def examples() -> dict[str, Envelope]:
             nodes_by_state={"up": 8, "down": 1, "offline": 1}, unhealthy_fraction=0.1,
             gpu_utilization_pct=84.5, demand_pct=6.0, effective_utilization_pct=90.5,
         ),
+        "ml_task_submitted": MlTaskSubmitted(
+            **envelope(15, "api", str(ML_TASK)), task_id=ML_TASK, task_type="digits",
+            input=DIGIT, deadline=T0 + timedelta(seconds=10), priority=5,
+            submitted_by="alice"),
+        "model_selected": model_selected(),
+        "ml_task_outcome": MlTaskOutcome(
+            **envelope(17, "router", str(ML_TASK)), task_id=ML_TASK, task_type="digits",
+            attempt=1, node_id="node-002", model="digits-mlp", version="2", family="mlp",
+            command_id=ML_CMD, outcome="succeeded", latency_ms=21.5, node_latency_ms=0.4,
+            prediction=0, confidence=0.998, final=True, state="succeeded",
+            reason="digits-mlp:2 on node-002 answered 0"),
         "alert": Alert(**envelope(12, "scheduler", "local"), severity="critical",
                        kind="breaker_open", dedup_key="breaker.local.offline",
                        message="3 failed offline adjustments in the window"),
     }
+
+
+def model_selected() -> ModelSelected:
+    """A decision between two arms: one eligible and chosen, one quarantined."""
+    mlp, logreg = "arm:digits-mlp:2@node-002", "arm:digits-logreg:1@node-001"
+    common: dict[str, Any] = {"group": 0, "inflight": 0, "limit": 4, "on_time": 1.0,
+                              "avoided": 0}
+    return ModelSelected(
+        **envelope(16, "router", str(ML_TASK)), task_id=ML_TASK, task_type="digits",
+        attempt=1, status="selected", chosen=mlp, model="digits-mlp", version="2",
+        family="mlp", node="node-002", command_id=ML_CMD,
+        reason="group 0; best score 0.962 (Thompson sample 0.962, mean 0.941)",
+        policy_version="1", now=NOW_S, seed=1234567,
+        candidates=[
+            CandidateVerdict(arm=logreg, model="digits-logreg:1", node="node-001",
+                             family="logreg", eligible=False,
+                             reason=f"quarantined until {NOW_S + 12.5:.3f} "
+                                    "(consecutive, level 1)",
+                             state="open", alpha=4.1, beta=3.9, n_eff=4.0, mean=0.5125,
+                             lower=0.25, upper=0.77, prior_mean=0.9, model_mean=0.95,
+                             node_mean=0.947, latency_s=0.02, sample=None, score=None,
+                             **common),
+            CandidateVerdict(arm=mlp, model="digits-mlp:2", node="node-002", family="mlp",
+                             eligible=True, reason="chosen", state="closed", alpha=16.6,
+                             beta=1.0, n_eff=13.0, mean=0.941, lower=0.78, upper=0.99,
+                             prior_mean=0.9, model_mean=0.95, node_mean=0.947,
+                             latency_s=0.015, sample=0.962, score=0.962, **common),
+        ],
+        inputs=SelectionInputs(
+            task=SelectionTask(task_id=str(ML_TASK), task_type="digits", priority=5,
+                               deadline=NOW_S + 10.0, critical=False, attempt=1,
+                               avoid=SelectionAvoid()),
+            candidates=[
+                SelectionCandidate(model="digits-logreg:1", node="node-001",
+                                   family="logreg", group=0, ready=True, max_ongoing=4),
+                SelectionCandidate(model="digits-mlp:2", node="node-002", family="mlp",
+                                   group=0, ready=True, predecessor="digits-mlp:1",
+                                   max_ongoing=4),
+            ],
+            snapshot={f"{logreg}|model_fault": 4.0, f"{logreg}|consecutive": 3.0,
+                      f"{logreg}|quarantined": 1.0, f"{logreg}|q_until": NOW_S + 12.5,
+                      f"{mlp}|ok": 13.0, f"{mlp}|updated": NOW_S - 1.0,
+                      "global|ok": 120.0, "global|model_fault": 4.0,
+                      "global|updated": NOW_S - 1.0},
+            now=NOW_S, seed=1234567, config={"policy_version": "1", "half_life_s": 60.0},
+        ),
+    )
 
 
 E = TypeVar("E", bound=Envelope)

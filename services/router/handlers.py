@@ -1,0 +1,428 @@
+"""The router's handlers: ML tasks in, a decision and a signed command out, outcomes back.
+
+Each task is a small durable state machine in Redis (services/router/records.py), moved on
+by `advance`, which any router instance may run at any time: on a submission, on an
+agent's answer, or from the sweep when a task is due (an attempt's deadline, a wait). Every
+step is one optimistic transaction over the task's record and the statistics it touches,
+so two instances never both count an outcome or both take an arm's last slot; events leave
+through the record's outbox after the step committed.
+
+    routing --select--> running --answer / timeout--> (statistics) --> succeeded
+       ^  \\--nothing to take now--> waiting                    \\--> retry: routing
+       |                                  \\--deadline--> failed   \\--> failed
+       \\------------------------------------------------------------/
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Literal
+from uuid import UUID, uuid4
+
+from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+
+from policy.selector import Attempt, RetryBudget, commit, retry_plan, select, snapshot_keys
+from policy.stats import Outcome, keys_for, record
+from schemas.catalog import TOPIC_MODELS
+from schemas.envelope import Envelope
+from schemas.events.v1 import CommandResult, InferenceCause, MlTaskSubmitted, NodeReport
+from schemas.topics import Topic
+from services.router.decisions import (
+    POLICY_CAUSE,
+    SOURCE,
+    cause_of,
+    command_id_for,
+    epoch,
+    inference_payload,
+    outcome_event,
+    policy_task,
+    selection_event,
+)
+from services.router.records import AttemptRecord, AttemptResult, Outbound, TaskRecord
+from services.router.registry import (
+    Registry,
+    bounded,
+    candidates,
+    policy_model,
+    split_model,
+)
+from services.router.settings import RouterSettings
+from services.router.stats_store import StatsStore, begin_writes, is_arm, optimistic
+from services.shared.messaging import EventBus
+from services.shared.redis_client import Keys, text
+from services.shared.signing import CommandSigner
+
+log = logging.getLogger("clusterwarden.router")
+
+# progress: look again; idle: wait for something; flush: publish the outbox, then wait.
+Step = Literal["progress", "idle", "flush"]
+MAX_STEPS = 16
+SWEEP_BATCH = 100
+CLAIM_LEASE_S = 10.0
+# KEYS: the due set. ARGV: now, the lease's end, how many. Due members, moved to the lease end.
+_CLAIM = """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[3])
+for _, member in ipairs(due) do redis.call('ZADD', KEYS[1], ARGV[2], member) end
+return due
+"""
+
+
+class Router:
+    """Routes the ML tasks of every cluster whose events it receives."""
+
+    def __init__(self, settings: RouterSettings, redis: Redis, keys: Keys, bus: EventBus,
+                 signer: CommandSigner, registry: Registry, stats: StatsStore, *,
+                 rng: random.Random | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.config = settings.policy
+        self.redis = redis
+        self.keys = keys
+        self.bus = bus
+        self.signer = signer
+        self.registry = registry
+        self.stats = stats
+        self.rng = rng or random.Random()
+        self.clock = clock
+        self._claim = redis.register_script(_CLAIM)
+
+    # ------------------------------------------------------------ handlers
+
+    async def on_submitted(self, task: MlTaskSubmitted) -> None:
+        """A new task (or a redelivered one: its record exists, and it is only advanced)."""
+        fresh = TaskRecord(task=task)
+        created = await self.redis.set(self.keys.ml_task(str(task.task_id)),
+                                       fresh.model_dump_json(), nx=True,
+                                       ex=self.settings.record_ttl_s)
+        if created:
+            await self.redis.zadd(self.keys.ml_active(task.cluster_id, task.task_type),
+                                  {str(task.task_id): epoch(task.deadline)})
+            # A safety net: if this handler dies from here on, the sweep takes the task over.
+            await self._due(task.task_id, self.clock() + CLAIM_LEASE_S)
+            log.info("task %s (%s, priority %d) submitted by %s", task.task_id,
+                     task.task_type, task.priority, task.submitted_by)
+        await self.advance(task.task_id)
+
+    async def on_result(self, result: CommandResult) -> None:
+        """An agent's answer to a run_inference command ends its attempt (once)."""
+        if result.action != "run_inference" or result.task_id is None:
+            return
+        if result.outcome == "unknown":
+            return  # "in progress": the real answer follows
+        inference = result.inference
+        ended = AttemptResult(
+            cause=cause_of(result), ended_at=self.clock(),
+            node_latency_ms=inference.latency_ms if inference else None,
+            prediction=inference.prediction if inference else None,
+            confidence=inference.confidence if inference else None,
+            detail=(inference.detail if inference and inference.detail
+                    else result.reason)[:256])
+        if await self._end_attempt(result.task_id, result.command_id, ended):
+            await self.advance(result.task_id)
+
+    async def on_report(self, report: NodeReport) -> None:
+        """A node's report feeds the model registry."""
+        await self.registry.update(report)
+
+    async def sweep(self) -> None:
+        """Advance every task that is due.
+
+        Claimed with a lease (its due time moved `CLAIM_LEASE_S` ahead, in one script): one
+        instance takes each, and a task whose instance died on it comes back when the lease
+        ends instead of being lost.
+        """
+        now = self.clock()
+        claimed = await self._claim(keys=[self.keys.ml_due()],
+                                    args=[now, now + CLAIM_LEASE_S, SWEEP_BATCH])
+        for member in claimed:
+            task_id = UUID(text(member))
+            try:
+                await self.advance(task_id)
+            except Exception:
+                # Looked at again when the lease ends; the other due tasks go on.
+                log.exception("advancing task %s failed", task_id)
+
+    # ------------------------------------------------------------ the state machine
+
+    async def advance(self, task_id: UUID) -> None:
+        """Move the task on until it waits for something (an answer, a deadline, a slot)."""
+        for _ in range(MAX_STEPS):
+            step = await self._step(task_id)
+            if step == "flush":
+                rec = await self._load(self.redis, task_id)
+                if rec is not None and rec.outbox:
+                    await self._flush(task_id, rec)
+                return
+            if step == "idle":
+                return
+        # Not expected; looked at again soon rather than spinning here.
+        await self._due(task_id, self.clock())
+
+    async def _load(self, reader: Redis | Pipeline, task_id: UUID) -> TaskRecord | None:
+        raw = await reader.get(self.keys.ml_task(str(task_id)))
+        return None if raw is None else TaskRecord.model_validate_json(raw)
+
+    def _save(self, pipe: Pipeline, record: TaskRecord) -> None:
+        pipe.set(self.keys.ml_task(str(record.task.task_id)), record.model_dump_json(),
+                 ex=self.settings.record_ttl_s)
+
+    async def _due(self, task_id: UUID, when: float) -> None:
+        await self.redis.zadd(self.keys.ml_due(), {str(task_id): when})
+
+    async def _step(self, task_id: UUID) -> Step:
+        rec = await self._load(self.redis, task_id)
+        if rec is None:
+            await self.redis.zrem(self.keys.ml_due(), str(task_id))
+            return "idle"
+        if rec.outbox:
+            await self._flush(task_id, rec)
+            return "progress"
+        now = self.clock()
+        task = rec.task
+        if rec.final:
+            await self.redis.zrem(self.keys.ml_active(task.cluster_id, task.task_type),
+                                  str(task_id))
+            await self.redis.zrem(self.keys.ml_due(), str(task_id))
+            return "idle"
+        current = rec.current
+        if rec.state == "running" and current is not None:
+            if current.state == "dispatched":
+                if now >= current.deadline:
+                    await self._end_attempt(task_id, current.command_id, AttemptResult(
+                        cause="timeout", ended_at=now,
+                        detail=f"no answer within {current.deadline - current.decided_at:.3g} s"))
+                    return "progress"
+                await self._due(task_id, current.deadline)
+                return "idle"
+            if not current.stats_recorded:
+                await self._conclude(task_id, current)
+                return "progress"
+        if rec.state in ("routing", "waiting"):
+            if now >= epoch(task.deadline) - self.settings.min_attempt_s:
+                await self._expire(task_id)
+                return "progress"
+            return await self._route(task_id)
+        return "idle"
+
+    async def _flush(self, task_id: UUID, rec: TaskRecord) -> None:
+        """Publish the outbox, then take what was published out of it."""
+        sent = list(rec.outbox)
+        for out in sent:
+            event = TOPIC_MODELS[out.topic].model_validate_json(out.body)
+            await self.bus.publish(out.topic, event)
+
+        async def body(pipe: Pipeline) -> None:
+            latest = await self._load(pipe, task_id)
+            begin_writes(pipe)
+            if latest is not None and latest.outbox[: len(sent)] == sent:
+                latest.outbox = latest.outbox[len(sent):]
+                self._save(pipe, latest)
+
+        await optimistic(self.redis, [self.keys.ml_task(str(task_id))], body)
+
+    async def _end_attempt(self, task_id: UUID, command_id: UUID,
+                           result: AttemptResult) -> bool:
+        """Mark an attempt ended with `result`, unless it ended already; True if it did now."""
+        key = self.keys.ml_task(str(task_id))
+
+        async def body(pipe: Pipeline) -> bool:
+            rec = await self._load(pipe, task_id)
+            attempt = rec.attempt_of(command_id) if rec is not None else None
+            begin_writes(pipe)
+            if rec is None or attempt is None or attempt.state != "dispatched":
+                return False
+            attempt.state, attempt.result = "ended", result
+            self._save(pipe, rec)
+            if attempt.retry:
+                pipe.zrem(self.keys.ml_retrying(rec.task.cluster_id, rec.task.task_type),
+                          f"{task_id}:{attempt.n}")
+            return True
+
+        ended = await optimistic(self.redis, [key], body)
+        if ended:
+            log.info("task %s attempt on %s: %s", task_id, command_id,
+                     result.cause or "succeeded")
+        return ended
+
+    async def _budget(self, cluster: str, task_type: str, now: float) -> RetryBudget:
+        """Retries in flight and unfinished tasks of the type (stale entries pruned)."""
+        active = self.keys.ml_active(cluster, task_type)
+        retrying = self.keys.ml_retrying(cluster, task_type)
+        await self.redis.zremrangebyscore(active, "-inf", now - self.settings.attempt_timeout_s)
+        await self.redis.zremrangebyscore(retrying, "-inf", now)
+        return RetryBudget(retries_in_flight=int(await self.redis.zcard(retrying)),
+                           active_tasks=int(await self.redis.zcard(active)))
+
+    async def _conclude(self, task_id: UUID, ended: AttemptRecord) -> None:
+        """Count an ended attempt in the statistics and decide: done, retry or failed."""
+        task_key = self.keys.ml_task(str(task_id))
+        model = policy_model(ended.model, ended.version)
+        stat_keys = keys_for(model, ended.node, ended.family, ended.predecessor)
+        now = self.clock()
+        peek = await self._load(self.redis, task_id)
+        if peek is None:
+            return
+        cluster = peek.task.cluster_id
+        budget = await self._budget(cluster, peek.task.task_type, now)
+
+        async def body(pipe: Pipeline) -> None:
+            rec = await self._load(pipe, task_id)
+            attempt = rec.current if rec is not None else None
+            if (rec is None or attempt is None or attempt.command_id != ended.command_id
+                    or attempt.state != "ended" or attempt.stats_recorded
+                    or attempt.result is None):
+                begin_writes(pipe)
+                return
+            before = await self.stats.read(pipe, cluster, stat_keys)
+            cause = attempt.result.cause
+            outcome = Outcome(model=model, node=attempt.node, family=attempt.family,
+                              cause=POLICY_CAUSE[cause] if cause else "ok",
+                              latency_s=max(attempt.result.ended_at - attempt.decided_at, 0.0),
+                              predecessor=attempt.predecessor, dispatched=True)
+            after = record(before, outcome, now, self.config)
+            attempt.stats_recorded = True
+            self._decide_next(rec, attempt, budget, now)
+            begin_writes(pipe)
+            self.stats.write(pipe, cluster, before, after)
+            self._save(pipe, rec)
+
+        await optimistic(self.redis, [task_key, *self.stats.redis_keys(cluster, stat_keys)],
+                         body)
+
+    def _decide_next(self, rec: TaskRecord, attempt: AttemptRecord, budget: RetryBudget,
+                     now: float) -> None:
+        """After an attempt ended: succeeded, another attempt, or failed (in `rec`)."""
+        result = attempt.result
+        assert result is not None  # the caller checked
+        cause = result.cause
+        where = f"{attempt.model}:{attempt.version} on {attempt.node}"
+        if cause is None:
+            rec.state = "succeeded"
+            reason = f"{where} answered {result.prediction}"
+            self._emit(rec, Topic.ML_TASKS_OUTCOMES, outcome_event(
+                rec, attempt, final=True, state="succeeded", reason=reason, occurred=now))
+            return
+        tried = [Attempt(model=policy_model(a.model, a.version), node=a.node, family=a.family,
+                         cause=POLICY_CAUSE[a.result.cause] if a.result and a.result.cause
+                         else "ok")
+                 for a in rec.attempts if a.state == "ended"]
+        plan = retry_plan(policy_task(rec), POLICY_CAUSE[cause], tried, budget, now=now,
+                          config=self.config)
+        left = epoch(rec.task.deadline) - now
+        if plan.retry and left > self.settings.min_attempt_s:
+            rec.state, rec.next_attempt = "routing", attempt.n + 1
+            rec.avoid, rec.wait_status = plan.avoid.to_dict(), None
+            self._emit(rec, Topic.ML_TASKS_OUTCOMES, outcome_event(
+                rec, attempt, final=False, state="running",
+                reason=f"{where}: {cause} ({result.detail}); {plan.reason}", occurred=now))
+            return
+        rec.state = "failed"
+        why = plan.reason if plan.retry is False else "no retry: too close to the deadline"
+        self._emit(rec, Topic.ML_TASKS_OUTCOMES, outcome_event(
+            rec, attempt, final=True, state="failed",
+            reason=f"{where}: {cause} ({result.detail}); {why}", occurred=now))
+
+    async def _expire(self, task_id: UUID) -> None:
+        """A task still waiting for an attempt at its deadline fails (nobody's fault)."""
+
+        async def body(pipe: Pipeline) -> None:
+            rec = await self._load(pipe, task_id)
+            begin_writes(pipe)
+            if rec is None or rec.state not in ("routing", "waiting") or rec.outbox:
+                return
+            now = self.clock()
+            cause: InferenceCause
+            if rec.wait_status == "no_candidates":
+                cause, why = "no_candidates", "no model serving the task type was ready"
+            elif rec.wait_status == "saturated":
+                cause, why = "capacity", "every model was at its concurrency limit"
+            else:
+                cause, why = "deadline_too_short", "no time left for an attempt"
+            rec.state = "failed"
+            self._emit(rec, Topic.ML_TASKS_OUTCOMES, outcome_event(
+                rec, None, final=True, state="failed", cause=cause,
+                reason=f"deadline passed: {why}", occurred=now))
+            self._save(pipe, rec)
+
+        await optimistic(self.redis, [self.keys.ml_task(str(task_id))], body)
+
+    async def _route(self, task_id: UUID) -> Step:
+        """Select the next attempt's arm and send it the task, or wait."""
+        peek = await self._load(self.redis, task_id)
+        if peek is None:
+            return "idle"
+        task = peek.task
+        cluster = task.cluster_id
+        now = self.clock()
+        found = bounded(
+            candidates(await self.registry.entries(cluster, now), task.task_type, now,
+                       self.settings.fallbacks, self.settings.registry_stale_after_s),
+            self.settings.max_candidates, self.rng)
+        by_arm = {c.arm: c for c in found}
+        stat_keys = snapshot_keys(found)
+        arm_keys = [k for k in stat_keys if is_arm(k)]
+        # Levels are read without watching them: a decision only changes arms, and a level a
+        # little stale changes an estimate a little (it is recorded with the decision).
+        levels = await self.stats.read(self.redis, cluster,
+                                       [k for k in stat_keys if not is_arm(k)])
+        watch = [self.keys.ml_task(str(task_id)), *self.stats.redis_keys(cluster, arm_keys)]
+
+        async def body(pipe: Pipeline) -> Step:
+            rec = await self._load(pipe, task_id)
+            if rec is None or rec.state not in ("routing", "waiting") or rec.outbox:
+                begin_writes(pipe)
+                return "progress"
+            arms = await self.stats.read(pipe, cluster, arm_keys)
+            snapshot = levels.merge(arms)
+            decision = select(policy_task(rec), found, snapshot, now, self.rng, self.config)
+            n = rec.next_attempt
+            chosen = decision.chosen
+            if chosen is None:
+                rec.state = "waiting"
+                step: Step = "idle"
+                if decision.status != rec.wait_status:
+                    rec.wait_status = decision.status
+                    self._emit(rec, Topic.ML_DECISIONS,
+                               selection_event(decision, rec.task, n, None, uuid4()))
+                    step = "flush"
+                begin_writes(pipe)
+                self._save(pipe, rec)
+                pipe.zadd(self.keys.ml_due(), {str(task_id): now + self.settings.wait_retry_s})
+                return step
+            name, version = split_model(chosen.model)
+            deadline = min(epoch(rec.task.deadline), now + self.settings.attempt_timeout_s)
+            attempt = AttemptRecord(
+                n=n, model=name, version=version, family=chosen.family, node=chosen.node,
+                predecessor=by_arm[chosen.arm].predecessor,
+                command_id=command_id_for(task_id, n), decided_at=now, deadline=deadline,
+                retry=n > 1)
+            command = self.signer.sign(inference_payload(rec.task, attempt, now), cluster,
+                                       SOURCE)
+            rec.attempts.append(attempt)
+            rec.state, rec.wait_status = "running", None
+            self._emit(rec, Topic.ML_DECISIONS,
+                       selection_event(decision, rec.task, n, attempt.command_id, uuid4()))
+            self._emit(rec, Topic.NODE_COMMANDS, command)
+            begin_writes(pipe)
+            self.stats.write(pipe, cluster, snapshot, commit(snapshot, decision, self.config))
+            self._save(pipe, rec)
+            if attempt.retry:
+                pipe.zadd(self.keys.ml_retrying(cluster, rec.task.task_type),
+                          {f"{task_id}:{n}": deadline})
+            # Looked at again at the attempt's deadline, or sooner if the outbox is still
+            # unsent then (the next step moves it to the deadline once it is sent).
+            pipe.zadd(self.keys.ml_due(), {str(task_id): min(deadline, now + CLAIM_LEASE_S)})
+            log.info("task %s attempt %d -> %s:%s on %s (%s: %s)", task_id, n, name, version,
+                     chosen.node, decision.status, decision.reason)
+            return "progress"
+
+        return await optimistic(self.redis, watch, body)
+
+    @staticmethod
+    def _emit(rec: TaskRecord, topic: Topic, event: Envelope) -> None:
+        """Put an event in the record's outbox (sent once the change has committed)."""
+        rec.outbox.append(Outbound(topic=topic, body=event.model_dump_json()))
