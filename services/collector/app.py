@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from faststream import FastStream
-from faststream.message import StreamMessage
 
 from schemas.events.v1 import CommandResult
 from schemas.topics import Topic, topic_name
@@ -18,17 +15,13 @@ from services.shared.messaging import (
     consumer_options,
     group_name,
     make_broker,
+    raw_bodies,
     strict_decoder,
 )
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import build_app
 from services.shared.signing import local_signer
 from services.shared.telemetry import setup_telemetry
-
-
-async def raw_bodies(msg: StreamMessage[Any]) -> Any:
-    """Leave the bytes alone: each report in a batch is validated on its own."""
-    return msg.body
 
 
 def create_app(settings: CollectorSettings | None = None) -> FastStream:

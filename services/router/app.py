@@ -1,17 +1,18 @@
 """Router wiring: `faststream run services.router.app:create_app --factory`.
 
 Three consumer groups: submissions (`router`), the agents' answers (`router-results`) and
-the agents' reports, which feed the model registry (`router-registry`); one loop, the
-sweep, looks at tasks that are due (an attempt's deadline, a task waiting for a slot).
+the agents' reports, consumed in batches, which feed the model registry (`router-registry`);
+one loop, the sweep, looks at tasks that are due (an attempt's deadline, a task waiting for
+a slot).
 """
 
 from __future__ import annotations
 
 from faststream import FastStream
 
-from schemas.events.v1 import CommandResult, MlTaskSubmitted, NodeReport
+from schemas.events.v1 import CommandResult, MlTaskSubmitted
 from schemas.topics import Topic, topic_name
-from services.router.handlers import Router
+from services.router.handlers import ReportFeed, Router
 from services.router.registry import Registry
 from services.router.settings import RouterSettings
 from services.router.stats_store import StatsStore
@@ -20,6 +21,7 @@ from services.shared.messaging import (
     consumer_options,
     group_name,
     make_broker,
+    raw_bodies,
     strict_decoder,
 )
 from services.shared.redis_client import Keys, connect_redis
@@ -31,7 +33,7 @@ from services.shared.telemetry import setup_telemetry
 def create_app(settings: RouterSettings | None = None) -> FastStream:
     settings = settings or RouterSettings()
     telemetry = setup_telemetry("router")
-    broker, _ = make_broker(settings, "router", telemetry)
+    broker, dead_letters = make_broker(settings, "router", telemetry)
     redis = connect_redis(settings.redis_url)
     keys = Keys(settings.namespace)
     router = Router(
@@ -43,6 +45,7 @@ def create_app(settings: RouterSettings | None = None) -> FastStream:
         StatsStore(keys, settings.stats_ttl_s),
     )
     limit = settings.max_message_bytes
+    feed = ReportFeed(router.registry, dead_letters, limit)
     broker.subscriber(
         topic_name(Topic.ML_TASKS_SUBMITTED, settings.namespace),
         decoder=strict_decoder(MlTaskSubmitted, limit),
@@ -55,9 +58,11 @@ def create_app(settings: RouterSettings | None = None) -> FastStream:
     )(router.on_result)
     broker.subscriber(
         topic_name(Topic.NODE_REPORTS, settings.namespace),
-        decoder=strict_decoder(NodeReport, limit),
+        batch=True,
+        max_records=settings.batch_max_records,
+        decoder=raw_bodies,
         **consumer_options(group_name(settings, "router-registry")),
-    )(router.on_report)
+    )(feed.on_reports)
     return build_app(
         broker, settings,
         loops=[("ml-sweep", settings.sweep_interval_s, router.sweep)],

@@ -19,14 +19,17 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 from uuid import UUID, uuid4
 
+from aiokafka.structs import ConsumerRecord
+from faststream.kafka import KafkaMessage
+from pydantic import ValidationError
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
 from policy.selector import Attempt, RetryBudget, commit, retry_plan, select, snapshot_keys
-from policy.stats import Outcome, keys_for, record
+from policy.stats import Outcome, record, record_keys
 from schemas.catalog import TOPIC_MODELS
 from schemas.envelope import Envelope
 from schemas.events.v1 import CommandResult, InferenceCause, MlTaskSubmitted, NodeReport
@@ -48,11 +51,14 @@ from services.router.registry import (
     bounded,
     candidates,
     policy_model,
+    served_arms,
     split_model,
 )
 from services.router.settings import RouterSettings
 from services.router.stats_store import StatsStore, begin_writes, is_arm, optimistic
-from services.shared.messaging import EventBus
+from services.shared.deadletter import DeadLetterPolicy, classify, records_of
+from services.shared.errors import PermanentError
+from services.shared.messaging import EventBus, parse_event
 from services.shared.redis_client import Keys, text
 from services.shared.signing import CommandSigner
 
@@ -261,12 +267,16 @@ class Router:
         """Count an ended attempt in the statistics and decide: done, retry or failed."""
         task_key = self.keys.ml_task(str(task_id))
         model = policy_model(ended.model, ended.version)
-        stat_keys = keys_for(model, ended.node, ended.family, ended.predecessor)
         now = self.clock()
         peek = await self._load(self.redis, task_id)
         if peek is None:
             return
         cluster = peek.task.cluster_id
+        # A change point on the model or the node rewrites every arm of it that `record`
+        # is given: load (and watch) all the served arms sharing either, of any task type
+        # (a node's change concerns all its models), not only the arm the outcome ran on.
+        stat_keys = record_keys(model, ended.node, ended.family, ended.predecessor,
+                                served_arms(await self.registry.entries(cluster, now)))
         budget = await self._budget(cluster, peek.task.task_type, now)
 
         async def body(pipe: Pipeline) -> None:
@@ -426,3 +436,31 @@ class Router:
     def _emit(rec: TaskRecord, topic: Topic, event: Envelope) -> None:
         """Put an event in the record's outbox (sent once the change has committed)."""
         rec.outbox.append(Outbound(topic=topic, body=event.model_dump_json()))
+
+
+class ReportFeed:
+    """The agents' reports, consumed in batches, feed the model registry."""
+
+    def __init__(self, registry: Registry, dead_letters: DeadLetterPolicy,
+                 max_message_bytes: int) -> None:
+        self.registry = registry
+        self.dead_letters = dead_letters
+        self.max_message_bytes = max_message_bytes
+
+    async def on_reports(self, bodies: list[bytes], msg: KafkaMessage) -> None:
+        """A batch of raw reports: each one validated on its own, the valid ones applied to
+        the registry in one round trip, the invalid ones dead-lettered."""
+        reports: list[NodeReport] = []
+        invalid: list[tuple[ConsumerRecord[Any, Any], str, str]] = []
+        for item in records_of(msg.raw_message):
+            try:
+                reports.append(parse_event(NodeReport, item.value or b"", item.key,
+                                           self.max_message_bytes))
+            except (PermanentError, ValidationError) as err:
+                _, reason, detail = classify(err)
+                invalid.append((item, reason, detail))
+        # Applied first: if Redis is down the batch comes again (applying it twice changes
+        # nothing) without having dead-lettered its invalid items once per delivery.
+        await self.registry.apply(reports)
+        for item, reason, detail in invalid:
+            await self.dead_letters.dead_letter(item, reason, detail)

@@ -2,10 +2,11 @@
 
 Each node's latest report that lists models is kept as one field of a Redis hash per cluster
 (node -> JSON); a report older than the one kept is ignored (per-node seq, checked in one
-script), so replaying the reports topic from the start never rolls the registry back. A
-report without models removes the node's field. Freshness is judged on the report's own
-time: a node silent for three of its intervals (at least `stale_after_s`) serves nothing
-ready, and one silent for `forget_after_s` leaves the registry.
+script call per batch of reports), so replaying the reports topic from the start never
+rolls the registry back. A report without models removes the node's field. Freshness is
+judged on the report's own time: a node silent for three of its intervals (at least
+`stale_after_s`) serves nothing ready, and one silent for `forget_after_s` leaves the
+registry.
 
 `candidates` turns the registry into the selector's candidates for one task type: a model
 version is `<name>:<version>` there, its predecessor the next lower version of the same name
@@ -19,32 +20,55 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from redis.asyncio import Redis
 
 from policy.selector import Candidate
+from policy.stats import arm_key
 from schemas.events.v1 import NodeMode, NodeReport, ServedModel
 from services.shared.redis_client import Keys, text
 
 log = logging.getLogger("clusterwarden.router.registry")
 MODEL_SEP = ":"
 
-# KEYS: registry hash, seq hash, the cluster's enrolled nodes. ARGV: node, seq, entry JSON
-# ('' removes the node), '1' if only enrolled nodes may serve.
-_UPDATE = """
-if ARGV[4] == '1' and redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 0 then return -1 end
-local last = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '-1')
-if tonumber(ARGV[2]) <= last then return 0 end
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-if ARGV[3] == '' then
-  redis.call('HDEL', KEYS[1], ARGV[1])
-else
-  redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+# Applies a batch of reports in one call (one round trip per batch, not per report: the
+# control plane keeps up with thousands of reports a second). KEYS: per cluster of the
+# batch, its registry hash, seq hash and enrolled nodes. ARGV[1]: '1' if only enrolled nodes
+# may serve; then per cluster, how many of its reports follow, then node, seq and entry JSON
+# ('' removes the node) of each, in the order they were consumed. Answers one code per
+# report, in that order: 1 kept, 0 not newer than the kept one, -1 node not enrolled.
+_APPLY = """
+local strict = ARGV[1] == '1'
+local out = {}
+local a = 2
+for c = 0, #KEYS / 3 - 1 do
+  local registry, seqs, enrolled = KEYS[3 * c + 1], KEYS[3 * c + 2], KEYS[3 * c + 3]
+  local n = tonumber(ARGV[a])
+  a = a + 1
+  for _ = 1, n do
+    local node, seq, entry = ARGV[a], ARGV[a + 1], ARGV[a + 2]
+    a = a + 3
+    if strict and redis.call('SISMEMBER', enrolled, node) == 0 then
+      out[#out + 1] = -1
+    elseif tonumber(seq) <= tonumber(redis.call('HGET', seqs, node) or '-1') then
+      out[#out + 1] = 0
+    else
+      redis.call('HSET', seqs, node, seq)
+      if entry == '' then
+        redis.call('HDEL', registry, node)
+      else
+        redis.call('HSET', registry, node, entry)
+      end
+      out[#out + 1] = 1
+    end
+  end
 end
-return 1
+return out
 """
+Applied = Literal["kept", "old", "unknown"]
+_APPLIED: dict[int, Applied] = {1: "kept", 0: "old", -1: "unknown"}
 
 
 class NodeModels(BaseModel):
@@ -61,6 +85,15 @@ class NodeModels(BaseModel):
 
     def fresh(self, now: float, stale_after_s: float) -> bool:
         return now - self.at <= max(stale_after_s, 3.0 * self.interval_s)
+
+
+def _entry(report: NodeReport) -> str:
+    """The registry's JSON entry of a report ('' for a report without models)."""
+    if not report.models:
+        return ""
+    return NodeModels(node=report.node_id, seq=report.seq, at=report.occurred_at.timestamp(),
+                      interval_s=report.interval_s, mode=report.mode,
+                      models=list(report.models)).model_dump_json()
 
 
 def policy_model(name: str, version: str) -> str:
@@ -106,6 +139,13 @@ def candidates(entries: Sequence[NodeModels], task_type: str, now: float,
     return found
 
 
+def served_arms(entries: Sequence[NodeModels]) -> list[str]:
+    """The arm key of every model version on every node of `entries` (any task type, any
+    state): the arms a change point on one of their models or nodes concerns."""
+    return sorted({arm_key(policy_model(m.model, m.version), entry.node)
+                   for entry in entries for m in entry.models})
+
+
 @dataclass
 class _Cached:
     at: float
@@ -124,29 +164,49 @@ class Registry:
         self.forget_after_s = forget_after_s
         self.require_registration = require_registration
         self.clock = clock
-        self._script = redis.register_script(_UPDATE)
+        self._script = redis.register_script(_APPLY)
         self._cache: dict[str, _Cached] = {}
 
     async def update(self, report: NodeReport) -> bool:
         """Keep `report`'s models as its node's entry; False if a newer report is kept, or the
         node is not enrolled in its cluster (the collector quarantines its reports too: a
         node nobody enrolled must not receive tasks)."""
-        entry = ""
-        if report.models:
-            entry = NodeModels(node=report.node_id, seq=report.seq,
-                               at=report.occurred_at.timestamp(), interval_s=report.interval_s,
-                               mode=report.mode, models=list(report.models)).model_dump_json()
-        cluster = report.cluster_id
-        changed = int(await self._script(
-            keys=[self.keys.ml_registry(cluster), self.keys.ml_registry_seq(cluster),
-                  self.keys.registry(cluster)],
-            args=[report.node_id, report.seq, entry, "1" if self.require_registration else "0"]))
-        if changed == -1:
-            log.debug("models of %s/%s ignored: the node is not enrolled", cluster,
-                      report.node_id)
-        if changed == 1:
-            self._cache.pop(cluster, None)
-        return changed == 1
+        return (await self.apply([report]))[0] == "kept"
+
+    async def apply(self, reports: Sequence[NodeReport]) -> list[Applied]:
+        """`update` for a batch, in one round trip: what became of each report, in order.
+
+        Reports are applied in their order (per node, a later report with an older seq
+        is `old`, as it would be one by one); only `kept` ones changed the registry.
+        """
+        if not reports:
+            return []
+        by_cluster: dict[str, list[int]] = {}
+        for i, report in enumerate(reports):
+            by_cluster.setdefault(report.cluster_id, []).append(i)
+        keys: list[str] = []
+        args: list[str | int] = ["1" if self.require_registration else "0"]
+        order: list[int] = []
+        for cluster, indices in by_cluster.items():
+            keys += [self.keys.ml_registry(cluster), self.keys.ml_registry_seq(cluster),
+                     self.keys.registry(cluster)]
+            args.append(len(indices))
+            for i in indices:
+                report = reports[i]
+                args += [report.node_id, report.seq, _entry(report)]
+            order += indices
+        codes = await self._script(keys=keys, args=args)
+        applied: list[Applied] = ["old"] * len(reports)
+        for i, code in zip(order, codes, strict=True):
+            applied[i] = _APPLIED[int(code)]
+        for cluster, indices in by_cluster.items():
+            if any(applied[i] == "kept" for i in indices):
+                self._cache.pop(cluster, None)
+            for i in indices:
+                if applied[i] == "unknown":
+                    log.debug("models of %s/%s ignored: the node is not enrolled", cluster,
+                              reports[i].node_id)
+        return applied
 
     async def entries(self, cluster: str, now: float) -> list[NodeModels]:
         """Every node's entry (nodes silent for `forget_after_s` are removed)."""

@@ -54,6 +54,10 @@ class RouterSettings(ServiceSettings):
         default=0.5, ge=0.0, le=60.0,
         description="How long one read of the registry is reused for decisions.",
     )
+    batch_max_records: int = Field(
+        default=500, ge=1, le=10_000,
+        description="Reports the registry consumes (and applies in one round trip) at once.",
+    )
     max_candidates: int = Field(
         default=24, ge=1, le=64,
         description="Candidates one decision looks at (ready ones and earlier fallback "

@@ -97,7 +97,11 @@ class StatsStore:
 
     def write(self, pipe: Pipeline, cluster: str, before: StatsSnapshot,
               after: StatsSnapshot) -> int:
-        """Queue the entries that changed from `before` to `after`; how many."""
+        """Queue the entries that changed from `before` to `after`; how many.
+
+        Every changed entry, not only the arm an outcome ran on: a change point rewrites
+        the other arms of its model or node that were read (the caller watches them all).
+        """
         changed = 0
         for stat_key, counts in after.levels.items():
             if before.levels.get(stat_key) != counts:

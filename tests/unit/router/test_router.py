@@ -68,7 +68,12 @@ async def test_the_decision_event_replays_to_the_same_choice(harness: Harness) -
         assert replayed.chosen is not None
         assert (replayed.status, replayed.chosen.arm, replayed.seed) == (
             event.status, event.chosen, event.seed)
-        assert [v.score for v in replayed.candidates] == [c.score for c in event.candidates]
+        # The event's verdicts carry 6 decimals (CandidateView.to_dict), the replay exact
+        # values: compare them as the event states them.
+        assert [v.to_dict()["score"] for v in replayed.candidates] == [
+            c.score for c in event.candidates]
+        assert [(v.arm, v.eligible, v.state) for v in replayed.candidates] == [
+            (c.arm, c.eligible, c.state) for c in event.candidates]
 
 
 async def test_a_model_fault_is_retried_on_another_model(harness: Harness) -> None:
