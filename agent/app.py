@@ -215,6 +215,8 @@ class Agent:
         if self._probe is not None:
             self._probe.close()
             self._probe = None
+        if self._executor is not None:
+            self._executor.close()
         if self._journal is not None:
             self._journal.close()
             self._journal = None

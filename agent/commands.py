@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from agent.actions import JOB_ACTIONS, JobActions
 from agent.effects import IN_PROGRESS, Effect, Outcome
 from agent.faults import FaultPlan
-from agent.inference import InferenceActions
+from agent.inference import InferenceActions, InferenceJournal, replay_window_s
 from agent.journal import NODE_FENCE, Journal
 from agent.ml.serving import ModelServer
 from schemas.events.v1 import (
@@ -206,6 +206,7 @@ class CommandExecutor:
         default_interval_s: float = 2.0,
         jobs: JobActions | None = None,
         models: ModelServer | None = None,
+        inference_journal: InferenceJournal | None = None,
         publish: Callable[[CommandResult], Awaitable[None]] | None = None,
         clock: Callable[[], datetime] = now_utc,
     ) -> None:
@@ -218,7 +219,11 @@ class CommandExecutor:
         self.fault_plan = fault_plan
         self.default_interval_s = default_interval_s
         self.jobs = jobs
-        self.inference = InferenceActions(models, fault_plan)
+        # run_inference answers go to a journal of their own, next to this one: bounded, and
+        # without an fsync each (agent/inference.py InferenceJournal says why).
+        self.inference = InferenceActions(models, fault_plan, inference_journal or (
+            InferenceJournal.open(journal.path.parent,
+                                  keep_at_least_s=replay_window_s(max_ttl_s, leeway_s))))
         # Where the result of a long action goes when it ends (the agent publishes it).
         self.publish = publish
         self.clock = clock
@@ -228,10 +233,31 @@ class CommandExecutor:
         self._publishing: set[asyncio.Task[None]] = set()
         # A new executor runs nothing yet: whatever the journal says is in progress belongs
         # to an agent process that is gone, and will never finish.
-        interrupted = journal.interrupt_in_progress(clock())
+        interrupted = [*journal.interrupt_in_progress(clock()),
+                       *self._inference_journal.interrupt_in_progress(clock())]
         if interrupted:
             log.warning("long actions interrupted by the agent's restart: %s",
                         ", ".join(str(c) for c in interrupted))
+
+    @property
+    def _inference_journal(self) -> InferenceJournal:
+        journal = self.inference.journal
+        if journal is None:  # set in __init__; a guard for the type checker
+            raise RuntimeError("the executor has no inference journal")
+        return journal
+
+    def _journal_for(self, action: Action) -> Journal | InferenceJournal:
+        """Where a command's result is journaled: run_inference's in the inference journal."""
+        return self._inference_journal if isinstance(action, RunInference) else self.journal
+
+    def cached_result(self, command_id: UUID) -> CommandResult | None:
+        """The result journaled for `command_id` in either journal."""
+        return (self.journal.cached_result(command_id)
+                or self._inference_journal.cached_result(command_id))
+
+    def close(self) -> None:
+        """Close the inference journal (the command journal is the agent's to close)."""
+        self.inference.close()
 
     @property
     def interval_s(self) -> float:
@@ -263,7 +289,7 @@ class CommandExecutor:
         if window is not None:
             return self._reject(command, payload, window, now)
 
-        cached = self.journal.cached_result(payload.command_id)
+        cached = self.cached_result(payload.command_id)
         if cached is not None:
             if payload.command_id in self.running():
                 log.info("command %s is a duplicate of a running action; its result follows",
@@ -292,17 +318,13 @@ class CommandExecutor:
             return self._decide_cancel(action)
         if isinstance(action, RunInference):
             return self.inference.decide(action, mode, command_id)
-        queried = (
-            self.journal.cached_result(action.command_id)
-            if isinstance(action, QueryStatus)
-            else None
-        )
+        queried = self.cached_result(action.command_id) if isinstance(action, QueryStatus) else None
         return decide(action, mode, queried, interval_s, self.jobs)
 
     def _decide_cancel(self, action: Cancel) -> Effect:
         target = action.command_id
         task = self.running().get(target)
-        known = self.journal.cached_result(target)
+        known = self.cached_result(target)
         outputs: dict[str, OutputValue] = {"queried_command_id": str(target)}
         if task is None:
             # Finished, never seen, or not a long action: there is nothing left to stop.
@@ -359,10 +381,11 @@ class CommandExecutor:
         # Journal (and change the mode or interval) in one transaction before anyone sees the
         # result.
         ordered = action.action not in UNORDERED_ACTIONS
-        self.journal.record(result, seq=payload.seq if ordered else None,
-                            epoch=payload.epoch if ordered else None, accepted=True,
-                            mode=effect.mode, interval_s=effect.interval_s,
-                            fence=fence_of(action), now=now)
+        self._journal_for(action).record(result, seq=payload.seq if ordered else None,
+                                         epoch=payload.epoch if ordered else None,
+                                         accepted=True, mode=effect.mode,
+                                         interval_s=effect.interval_s,
+                                         fence=fence_of(action), now=now)
         log.info("command %s %s: %s %s %s", payload.command_id, action.action, effect.outcome,
                  effect.reason, effect.outputs)
         return result
@@ -391,9 +414,10 @@ class CommandExecutor:
         # Accepted now: it takes its place in the ordering (unless it is outside it), and a
         # replay is a duplicate.
         ordered = payload.action.action not in UNORDERED_ACTIONS
-        self.journal.record(pending, seq=payload.seq if ordered else None,
-                            epoch=payload.epoch if ordered else None, accepted=True,
-                            fence=fence_of(payload.action), now=now)
+        self._journal_for(payload.action).record(
+            pending, seq=payload.seq if ordered else None,
+            epoch=payload.epoch if ordered else None, accepted=True,
+            fence=fence_of(payload.action), now=now)
         task = loop.create_task(self._finish_long(command, payload, run),
                                 name=f"command-{payload.command_id}")
         task.add_done_callback(partial(self._long_done, command, payload))
@@ -426,7 +450,7 @@ class CommandExecutor:
     def _complete(self, result: CommandResult, payload: CommandPayload) -> bool:
         """Journal a long action's result; False if it was journaled already."""
         try:
-            completed = self.journal.complete(result)
+            completed = self._journal_for(payload.action).complete(result)
         except sqlite3.Error:
             # Still in progress in the journal: a restarted agent answers it "interrupted".
             log.exception("journaling the result of command %s failed", result.command_id)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import cast
@@ -60,6 +60,18 @@ def fence_key(fence: str) -> str:
     """The meta key of a fence's highest epoch (the node's keeps its original name)."""
     return "max_epoch" if fence == NODE_FENCE else f"max_epoch:{fence}"
 
+
+
+@contextmanager
+def immediate_transaction(db: sqlite3.Connection) -> Iterator[None]:
+    """BEGIN IMMEDIATE ... COMMIT on `db`, rolled back on any error."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
 
 class Journal:
     """One agent's journal; every write is one durable transaction."""
@@ -257,13 +269,5 @@ class Journal:
             (interval_s,),
         )
 
-    @contextmanager
-    def _transaction(self) -> Iterator[None]:
-        """BEGIN IMMEDIATE ... COMMIT, rolled back on any error."""
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
+    def _transaction(self) -> AbstractContextManager[None]:
+        return immediate_transaction(self._db)

@@ -3,6 +3,9 @@
 //   #/task/<id>                      one task (steps, transitions, evidence, children)
 //   #/cluster                        node heatmap and node states per pool
 //   #/capacity?cluster=&pool=        utilisation history, range band and forecast
+//   #/ml?state=&task_type=...        ML tasks (live list, filters, submission)
+//   #/mltask/<id>                    one ML task (attempts, each decision's candidates)
+//   #/models?cluster=                the models each node serves, with live statistics
 
 import { ApiError, clearToken, get, getToken, onUnauthorised, setToken, errorLine } from "./api.js";
 import { session } from "./actions.js";
@@ -12,13 +15,21 @@ import { tasksView } from "./views/tasks.js";
 import { taskView } from "./views/task.js";
 import { clusterView } from "./views/cluster.js";
 import { capacityView } from "./views/capacity.js";
+import { mlTasksView } from "./views/mltasks.js";
+import { mlTaskView } from "./views/mltask.js";
+import { modelsView } from "./views/models.js";
 
 const ROUTES = {
   tasks: tasksView,
   task: taskView,
   cluster: clusterView,
   capacity: capacityView,
+  ml: mlTasksView,
+  mltask: mlTaskView,
+  models: modelsView,
 };
+// A detail page lights its list's tab.
+const PARENT = { task: "tasks", mltask: "ml" };
 
 const main = () => document.getElementById("main");
 let current = null; // the mounted view's dispose function
@@ -40,7 +51,7 @@ function route() {
   const { name, arg, params } = parseHash();
   for (const a of document.querySelectorAll("#nav a")) {
     const r = a.dataset.route;
-    a.classList.toggle("active", r === name || (r === "tasks" && name === "task"));
+    a.classList.toggle("active", r === name || r === PARENT[name]);
   }
   const view = ROUTES[name] || tasksView;
   const container = h("div", { class: "view", "data-view": name });

@@ -50,3 +50,30 @@ export function poller(fn, intervalMs, live) {
     },
   };
 }
+
+// A poller for a paged list: fetch `url()`, redraw only when the page or the filters changed
+// (so a click on a row's button is never lost to a redraw), and every `redrawMs` anyway so
+// that the "… ago" times move on. A failure is shown in `error` (a 422 names the bad filter,
+// e.g. a node id with a space); the table keeps its rows.
+export function listPoller({ url, filters, render, error, what, get, intervalMs, redrawMs, live }) {
+  let lastKey = "";
+  let lastDrawn = 0;
+  return poller(async (signal) => {
+    try {
+      const page = await get(url(), { signal });
+      error.hidden = true;
+      const key = JSON.stringify([filters, page]);
+      if (key !== lastKey || Date.now() - lastDrawn > redrawMs) {
+        render(page);
+        lastKey = key;
+        lastDrawn = Date.now();
+      }
+    } catch (err) {
+      if (err.name !== "AbortError") {
+        error.textContent = `Could not load ${what}: ${err.status ? `${err.status} ` : ""}${err.message}`;
+        error.hidden = false;
+      }
+      throw err;
+    }
+  }, intervalMs, live);
+}

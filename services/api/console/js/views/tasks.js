@@ -5,7 +5,7 @@ import { get, withQuery } from "../api.js";
 import { actionButtons } from "../actions.js";
 import { replaceParams } from "../router.js";
 import { badge, fmtAgo, fmtTime, h, shortId } from "../dom.js";
-import { poller } from "../poll.js";
+import { listPoller } from "../poll.js";
 
 const POLL_MS = 2000;
 const REDRAW_MS = 10000;
@@ -164,33 +164,16 @@ export function tasksView(container, { params, live }) {
     }));
   }
 
-  let lastKey = "";
-  let lastDrawn = 0;
-  const poll = poller(async (signal) => {
-    const since = SINCE_S[filters.since] ? new Date(Date.now() - SINCE_S[filters.since] * 1000).toISOString() : "";
-    try {
-      const page = await get(withQuery("/api/tasks", {
+  const poll = listPoller({
+    url: () => {
+      const since = SINCE_S[filters.since] ? new Date(Date.now() - SINCE_S[filters.since] * 1000).toISOString() : "";
+      return withQuery("/api/tasks", {
         node: filters.node, cluster: filters.cluster, state: filters.state, kind: filters.kind,
         since, limit: PAGE, offset: filters.offset,
-      }), { signal });
-      error.hidden = true;
-      // Unchanged data is not redrawn (a click on a row's button is never lost to a redraw),
-      // except now and then so that the "… ago" times move on.
-      const key = JSON.stringify([filters, page]);
-      if (key !== lastKey || Date.now() - lastDrawn > REDRAW_MS) {
-        render(page);
-        lastKey = key;
-        lastDrawn = Date.now();
-      }
-    } catch (err) {
-      if (err.name !== "AbortError") {
-        // A 422 names the bad filter (e.g. a node id with a space); the table keeps its rows.
-        error.textContent = `Could not load tasks: ${err.status ? `${err.status} ` : ""}${err.message}`;
-        error.hidden = false;
-      }
-      throw err;
-    }
-  }, POLL_MS, live);
+      });
+    },
+    filters, render, error, what: "tasks", get, intervalMs: POLL_MS, redrawMs: REDRAW_MS, live,
+  });
 
   return () => { clearTimeout(debounce); poll.stop(); };
 }
