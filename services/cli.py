@@ -24,7 +24,7 @@ from schemas.events.v1 import Alert, NodeState, OpsNeed, TaskEvent
 from schemas.topics import Topic, topic_name
 from services import launcher
 from services.api.client import ApiClient, ApiError, ClientSettings
-from services.scheduler.breaker import SCOPE_SEPARATOR, BreakerState, breaker_name
+from services.scheduler.breaker import SCOPE_SEPARATOR, BreakerState, breaker_named
 from services.scheduler.breaker_store import BreakerReset, BreakerStore
 from services.scheduler.handlers import reset_alert
 from services.scheduler.settings import SchedulerSettings
@@ -513,13 +513,14 @@ def breaker_reset(
         help="The node, for node-scoped breakers.", callback=_optional_identifier)] = None,
 ) -> None:
     """Close a breaker (an admin action): audited, and announced with an info alert."""
-    base, _, at = kind.partition(SCOPE_SEPARATOR)
-    if at and node and at != node:
-        raise typer.BadParameter(f"{kind} names another node than --node {node}",
-                                 param_hint="--kind")
-    target = node or at
-    name = breaker_name(_identifier(base), _identifier(target) if target else "",
-                        "node" if target else "cluster")
+    try:
+        name = breaker_named(kind, node)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--kind") from err
+    base, _, target = name.partition(SCOPE_SEPARATOR)
+    _identifier(base)
+    if target:
+        _identifier(target)
     settings = SchedulerSettings()
     try:
         reset = asyncio.run(reset_breaker(settings, cluster, name, actor, reason))

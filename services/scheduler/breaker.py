@@ -87,6 +87,16 @@ def breaker_name(kind: str, target: str, scope: BreakerScope) -> str:
     return f"{kind}{SCOPE_SEPARATOR}{target}" if scope == "node" else kind
 
 
+def breaker_named(kind: str, node: str | None = None) -> str:
+    """The breaker an operator names by `kind` (a task kind, or `kind@node` as the breaker
+    list shows it) and an optional node; ValueError when the two name different nodes."""
+    base, _, at = kind.partition(SCOPE_SEPARATOR)
+    if at and node and at != node:
+        raise ValueError(f"{kind} names another node than {node}")
+    target = node or at
+    return breaker_name(base, target, "node" if target else "cluster")
+
+
 def kind_of(name: str) -> str:
     """The task kind of a breaker name (`offline@node-1` -> `offline`)."""
     return name.partition(SCOPE_SEPARATOR)[0]

@@ -24,7 +24,7 @@ from services.api.cluster import (
 )
 from services.api.deps import Admin, RuntimeDep, Viewer, audit, client_detail
 from services.api.publisher import PublishFailed
-from services.scheduler.breaker import SCOPE_SEPARATOR, breaker_name
+from services.scheduler.breaker import breaker_named
 from services.scheduler.breaker_store import BreakerUnreadable
 from services.scheduler.handlers import reset_alert
 from services.shared.audit import AuditLog
@@ -93,12 +93,10 @@ class BreakerResetOut(BaseModel):
              summary="Close a breaker (admin; audited, announced with an info alert)")
 async def breaker_reset(body: BreakerResetRequest, request: Request, rt: RuntimeDep,
                         who: Admin) -> BreakerResetOut:
-    base, _, at = body.kind.partition(SCOPE_SEPARATOR)
-    if at and body.node and at != body.node:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
-                            f"kind {body.kind} names another node than node {body.node}")
-    node = body.node or at
-    name = breaker_name(base, node, "node" if node else "cluster")
+    try:
+        name = breaker_named(body.kind, body.node)
+    except ValueError as err:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(err)) from err
     target = f"breaker/{body.cluster}/{name}"
     detail = client_detail(request)
     store = rt.reader.breakers
