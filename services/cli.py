@@ -343,8 +343,11 @@ def demo(
 ) -> None:
     """Services plus a local fleet, then a scripted day: a GPU fault takes its node offline
     and its jobs run again elsewhere from their checkpoints, a hot node gives a job away, a
-    busy pool gets a standby node, and the repaired node returns. Ctrl-C stops everything."""
+    busy pool gets a standby node, and the repaired node returns. All along, ML tasks flow
+    through the API, with a table of where they ran every 10 s; one model turns flaky on one
+    node for a while and the router moves its traffic away. Ctrl-C stops everything."""
     from agent import fleet
+    from services import demo_ml
 
     settings = _settings()
     state = _state_dir(settings)
@@ -362,6 +365,8 @@ def demo(
     typer.echo(f"services and {len(agents)} agents running; logs in {state / 'logs'}; "
                f"console at {_api_url()}")
     victim, hot = names[1], names[0]
+    spare = [n for n in names if n != victim]  # the ML fault goes there, to be seen on its own
+    os.environ["WARDEN_API_URL"] = _api_url()  # ML tasks go to the API this demo started
 
     def step(text: str) -> None:
         typer.echo(typer.style(f"--- {text} ---", bold=True))
@@ -380,6 +385,8 @@ def demo(
         guarding = asyncio.create_task(guard())
         watcher.add_done_callback(lambda _: guarding.cancel())
         guarding.add_done_callback(lambda _: watcher.cancel())
+        ml = asyncio.create_task(demo_ml.run(api_client, state, STANDARD_MODELS, names, spare,
+                                             fault_after, step))
         await asyncio.sleep(fault_after)
         step(f"GPU XID 79 (fallen off the bus) on {victim}")
         fleet.inject_fault(state, victim, xid=[79])
@@ -394,7 +401,7 @@ def demo(
         step(f"{victim} repaired: its fault clears")
         fleet.inject_fault(state, victim, xid=[])
         step("watching; Ctrl-C stops everything")
-        await asyncio.gather(watcher, guarding)
+        await asyncio.gather(watcher, guarding, ml)
 
     previous = signal.getsignal(signal.SIGINT)
     try:

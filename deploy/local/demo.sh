@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# `make demo`: Kafka, Redis, every service and a local fleet of 3 agents; a GPU fault on one
-# agent becomes a succeeded offline task, shown as it happens. Ctrl-C stops everything.
+# `make demo`: Kafka, Redis, PostgreSQL, every service and a local fleet of 3 agents; a GPU
+# fault on one agent becomes a succeeded offline task, shown as it happens, while ML tasks flow
+# through the router and a model made flaky on one node loses its traffic. Ctrl-C stops
+# everything.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
