@@ -12,10 +12,11 @@ POLICY_VERSION = "1"
 class SelectorConfig(BaseModel):
     """Every knob of the ROUTING.md §4 policy.
 
-    Defaults: ROUTING.md §4.7, then tuned with `python -m bench.routing --seeds 10
-    --seed-base 1` (seeds never reported): half-life 60 -> 300 s, exploration 1.0 -> 0.1,
-    arm prior mass 4 -> 8, latency tie-breaker 0 -> 0.03, and the fast window with change
-    points (docs/routing.md, "How the defaults were tuned").
+    Defaults: ROUTING.md §4.7, then tuned with `python -m bench.routing --seed-base 1`
+    (seeds 1..20, never reported): half-life 60 -> 300 s, exploration 1.0 -> 0.1, arm prior
+    mass 4 -> 8, latency tie-breaker 0 -> 0.03, the fast window with change points, then
+    CUSUM change points, split blame for ambiguous failures and exploitation by the lower
+    quartile (docs/routing.md, "How the defaults were tuned").
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -31,10 +32,22 @@ class SelectorConfig(BaseModel):
     fast_half_life_s: Annotated[float, Field(gt=0.0)] | None = 15.0
     change_z: Annotated[float, Field(gt=0.0)] = 2.576
     change_min_n: Annotated[float, Field(ge=0.0)] = 5.0
+    # A sudden drop is caught sooner by Page's CUSUM on the same outcomes: the log-likelihood
+    # ratio of "failure rate x cusum_ratio" against the long-term rate, summed while positive;
+    # at cusum_h a change point restarts the long counts from the outcomes since the sum
+    # last left zero (the failures and the few successes among them), not from the window,
+    # whose pre-change successes would keep the level looking healthy. None: off.
+    cusum_h: Annotated[float, Field(gt=0.0)] | None = 4.5
+    cusum_ratio: Annotated[float, Field(gt=1.0)] = 10.0
     # The same test on each model (its model faults) and node (its node faults); a change
     # there keeps only `change_forget` of the history of every arm of that model or node.
     level_changes: bool = True
     change_forget: Annotated[float, Field(ge=0.0, le=1.0)] = 0.1
+    # A timeout or an unclassified failure could be the model's or the node's: split its
+    # weight between them in proportion to how much each already fails (explaining away), so
+    # a slow model's timeouts do not make every node it runs on look bad. False: count it
+    # fully against both.
+    split_ambiguous: bool = True
     # Peak-EWMA latency time constant (Finagle/ServiceTalk decayTime).
     latency_tau_s: Annotated[float, Field(gt=0.0)] = 10.0
     # Estimator: global prior, shrinkage of each parent level, prior mass of an arm.
@@ -55,6 +68,14 @@ class SelectorConfig(BaseModel):
     # Share of decisions that rank by a Thompson sample; the others rank by the posterior
     # mean (LiteLLM adaptive's exploration_rate; 1.0 = always sample).
     exploration_rate: Annotated[float, Field(ge=0.0, le=1.0)] = 0.1
+    # Decisions that do not explore rank by this lower quantile of the posterior (Wilson),
+    # None: by the mean. Pessimism in exploitation keeps an arm whose good record is short
+    # (a lucky streak) from taking the traffic of arms known to be good.
+    exploit_quantile: Annotated[float, Field(gt=0.0, lt=0.5)] | None = 0.25
+    # ... except for a new version (a candidate with a predecessor) doing better than the
+    # prior it inherited: it ranks at least at that prior, so it ramps up as fast as its
+    # record allows instead of waiting for a long one.
+    successor_floor: bool = True
     # Critical tasks rank by this lower quantile of the posterior instead of a sample.
     critical_quantile: Annotated[float, Field(gt=0.0, lt=0.5)] = 0.10
     # Deadline: an arm whose latency estimate is above `deadline_slack` x time left loses weight.

@@ -4,18 +4,19 @@ Pure and deterministic: the only randomness is one seed drawn from `rng` (or `rn
 when it is an int), recorded in the decision, so `replay(decision.to_dict())` reproduces it.
 
 Per candidate (ROUTING.md §4.3): not ready, quarantined (open), half-open with its single
-trial in flight, saturated (in flight >= max_ongoing), cold (n_eff < warmup_n) with its probe
-in flight, or stalled (work in flight, no outcome for long) -> ineligible, with the reason.
-Eligible arms are scored `theta * P(on time) - load_weight * inflight / limit -
+trial in flight, saturated (in flight >= max_ongoing), cold (n_eff < warmup_n) with its
+probe in flight, or stalled (work in flight, no outcome for long) -> ineligible, with the
+reason. Eligible arms are scored `theta * P(on time) - load_weight * inflight / limit -
 latency_weight * latency`, theta a Thompson sample of the arm's Beta posterior in a share
 `exploration_rate` of the decisions and its posterior mean otherwise (a lower bound for
-critical tasks); a half-open arm gets its single trial from an ordinary first attempt. Fallback
-groups are tried in order: the first group with an eligible arm whose posterior mean is at
-least `fallback_floor`, else the group with the best such mean. The task's `avoid` (from
-`retry_plan`) is relaxed step by step (other node and model -> other arm -> any) rather than
-fail. When nothing is eligible the least-bad arm by posterior mean is chosen (`panic`):
-a task never fails because every candidate is quarantined. Only when every ready candidate
-is at its concurrency limit is there no choice (`saturated`: wait and select again).
+critical tasks), equal scores drawn at random; a half-open arm gets its single trial from an
+ordinary first attempt. Fallback groups are tried in order: the first group with an eligible
+arm whose posterior mean is at least `fallback_floor`, else the group with the best such
+mean. The task's `avoid` (from `retry_plan`) is relaxed step by step (other node and model
+-> other arm -> any) rather than fail. When nothing is eligible the least-bad arm by
+posterior mean is chosen (`panic`): a task never fails because every candidate is
+quarantined. Only when every ready candidate is at its concurrency limit is there no choice
+(`saturated`: wait and select again).
 """
 
 from __future__ import annotations
@@ -226,6 +227,19 @@ def _on_time(latency: float, remaining: float | None, slack: float) -> float:
                else 0.05)
 
 
+def _exploit_value(est: Estimate, z: float | None, floor_at_prior: bool) -> float:
+    """What a decision that does not explore ranks an arm by: its posterior mean, or (with
+    `exploit_quantile`) a lower quantile of it, so a short lucky record does not outrank a long
+    good one. `floor_at_prior`: good news is discounted only down to the arm's prior, so a new
+    version that inherits a good predecessor's record competes with it at once."""
+    if z is None:
+        return est.mean
+    low = wilson(est.alpha, est.alpha + est.beta, z)[0]
+    if floor_at_prior and est.mean > est.prior_mean:
+        return max(low, est.prior_mean)
+    return low
+
+
 def _fmt(x: float) -> str:
     return f"{x:.3f}"
 
@@ -284,6 +298,7 @@ def select(task: Task, candidates: Sequence[Candidate], snapshot: StatsSnapshot,
     _apply_quarantine_cap(rows, now, config)
 
     critical_z = z_for(config.critical_quantile) if task.critical else 0.0
+    exploit_z = None if config.exploit_quantile is None else z_for(config.exploit_quantile)
     # One draw per decision: explore (Thompson) or exploit (posterior mean).
     explore = config.exploration_rate >= 1.0 or draw.random() < config.exploration_rate
     for r in rows:
@@ -294,7 +309,8 @@ def select(task: Task, candidates: Sequence[Candidate], snapshot: StatsSnapshot,
         elif explore:
             r.sample = draw.betavariate(r.est.alpha, r.est.beta)
         else:
-            r.sample = r.est.mean
+            r.sample = _exploit_value(r.est, exploit_z, config.successor_floor
+                                      and r.cand.predecessor is not None)
         r.score = (r.sample * r.on_time - config.load_weight * r.inflight / r.limit
                    - config.latency_weight * r.latency)
 
@@ -306,7 +322,7 @@ def select(task: Task, candidates: Sequence[Candidate], snapshot: StatsSnapshot,
         pool = [r for r in rows if not r.gate and r.avoided <= tier]
         if not pool:
             continue
-        chosen, why = _choose(pool, task, config)
+        chosen, why = _choose(pool, task, config, draw)
         if chosen.cand.group != primary:
             status = "fallback"
         relaxed = ("" if tier == 0 else
@@ -354,8 +370,10 @@ def _apply_quarantine_cap(rows: list[_Row], now: float, config: SelectorConfig) 
             r.probe = True
 
 
-def _choose(pool: list[_Row], task: Task, config: SelectorConfig) -> tuple[_Row, str]:
-    """Pick within the first acceptable fallback group: a due trial, else the best score."""
+def _choose(pool: list[_Row], task: Task, config: SelectorConfig,
+            draw: random.Random) -> tuple[_Row, str]:
+    """Pick within the first acceptable fallback group: a due trial, else the best score
+    (equal scores, e.g. fresh arms or saturated samples, drawn at random, not by name)."""
     groups = sorted({r.cand.group for r in pool})[: config.max_fallback_depth]
     best_mean = {g: max(r.est.mean for r in pool if r.cand.group == g) for g in groups}
     group = next((g for g in groups if best_mean[g] >= config.fallback_floor), None)
@@ -376,7 +394,9 @@ def _choose(pool: list[_Row], task: Task, config: SelectorConfig) -> tuple[_Row,
         r = trials[0]
         return r, f"{why_group}; half-open trial of {r.cand.arm}"
     ranked = [r for r in members if not r.probe] or members
-    r = max(ranked, key=lambda r: (r.score or 0.0, r.cand.arm))
+    top = max(r.score or 0.0 for r in ranked)
+    tied = [r for r in ranked if (r.score or 0.0) >= top - 1e-12]
+    r = tied[0] if len(tied) == 1 else draw.choice(tied)
     kind = "lower bound" if task.critical else "Thompson sample"
     return r, (f"{why_group}; best score {_fmt(r.score or 0.0)} ({kind} "
                f"{_fmt(r.sample or 0.0)}, mean {_fmt(r.est.mean)})")

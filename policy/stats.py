@@ -1,14 +1,16 @@
 """Decayed statistics per arm (model@node) and its parents, and what they estimate.
 
 Levels: `arm:<model>@<node>`, `model:<model>`, `node:<node>`, `family:<family>`, `global`
-(so model and node ids must not contain `@` or `|`). Counts halve every `half_life_s`
-(`s <- s * 2^(-dt/H) + 1{ok}`), lazily: each entry keeps the time it was last decayed.
-Arms, models and nodes also keep a fast window (`fast_half_life_s`); when it disagrees with
-the long-term estimate a change point restarts the long counts (for a model or node, the
-history of each of its arms is discounted too). An arm also keeps a peak-EWMA latency, its
-in-flight count, consecutive failures and its quarantine state. Everything is a frozen
-value; `record` and `begin` return a new snapshot. `to_flat`/`from_flat` turn a snapshot
-into one flat `dict[str, float]` (field `<key>|<name>`) for a Redis hash, and back;
+(so model and node ids must not contain `@` or `|`). Counts halve every `half_life_s` (`s <-
+s * 2^(-dt/H) + 1{ok}`), lazily: each entry keeps the time it was last decayed. Arms, models
+and nodes also keep a fast window (`fast_half_life_s`) and a CUSUM (`cusum_h`); when the
+window disagrees with the long-term estimate, or the CUSUM crosses its threshold, a change
+point restarts the long counts (for a model or node, the history of each of its arms is
+discounted too). A timeout or unclassified failure is split between the model and the node
+in proportion to how much each already fails. An arm also keeps a peak-EWMA latency, its in-
+flight count, consecutive failures and its quarantine state. Everything is a frozen value;
+`record` and `begin` return a new snapshot. `to_flat`/`from_flat` turn a snapshot into one
+flat `dict[str, float]` (field `<key>|<name>`) for a Redis hash, and back;
 `encode_counts`/`encode_arm` and `decode_counts`/`decode_arm` do the same per entry.
 """
 
@@ -89,6 +91,10 @@ class Counts:
     recent_ok: float = 0.0
     recent_fail: float = 0.0
     recent_at: float = 0.0
+    # Page's CUSUM of those outcomes and what it summed since it last left zero.
+    cusum: float = 0.0
+    seg_ok: float = 0.0
+    seg_fail: float = 0.0
 
     @property
     def failures(self) -> float:
@@ -108,6 +114,9 @@ class ArmState:
     fast_ok: float = 0.0          # the fast window (fast_half_life_s), as of fast_at
     fast_fail: float = 0.0
     fast_at: float = 0.0
+    cusum: float = 0.0            # Page's CUSUM of the arm's outcomes (see SelectorConfig)
+    seg_ok: float = 0.0           # outcomes since the CUSUM last left zero
+    seg_fail: float = 0.0
     changes: int = 0              # change points detected (long counts restarted)
     changed_at: float = 0.0
     latency_s: float = 0.0        # peak-EWMA; 0 = no sample yet
@@ -197,7 +206,8 @@ def decay_counts(counts: Counts, now: float, half_life_s: float | None) -> Count
     w = _factor(now - counts.updated, half_life_s)
     return Counts(counts.ok * w, counts.node_fault * w, counts.model_fault * w,
                   counts.timeout * w, counts.unknown * w, now, counts.recent_ok,
-                  counts.recent_fail, counts.recent_at)
+                  counts.recent_fail, counts.recent_at, counts.cusum, counts.seg_ok,
+                  counts.seg_fail)
 
 
 def decay(snapshot: StatsSnapshot, now: float,
@@ -210,23 +220,24 @@ def decay(snapshot: StatsSnapshot, now: float,
               for k, a in snapshot.arms.items()})
 
 
-def _add(counts: Counts, cause: Cause, now: float, half_life_s: float | None) -> Counts:
+def _add(counts: Counts, cause: Cause, now: float, half_life_s: float | None,
+         weight: float = 1.0) -> Counts:
     c = decay_counts(counts, now, half_life_s)
     if c.updated < now:
         c = replace(c, updated=now)
-    return _bump(c, cause)
+    return _bump(c, cause, weight)
 
 
-def _bump(c: Counts, cause: Cause) -> Counts:
+def _bump(c: Counts, cause: Cause, w: float = 1.0) -> Counts:
     if cause == "ok":
-        return replace(c, ok=c.ok + 1.0)
+        return replace(c, ok=c.ok + w)
     if cause == "node_fault":
-        return replace(c, node_fault=c.node_fault + 1.0)
+        return replace(c, node_fault=c.node_fault + w)
     if cause == "model_fault":
-        return replace(c, model_fault=c.model_fault + 1.0)
+        return replace(c, model_fault=c.model_fault + w)
     if cause == "timeout":
-        return replace(c, timeout=c.timeout + 1.0)
-    return replace(c, unknown=c.unknown + 1.0)
+        return replace(c, timeout=c.timeout + w)
+    return replace(c, unknown=c.unknown + w)
 
 
 # --------------------------------------------------------------------------- estimate
@@ -429,16 +440,20 @@ def record(snapshot: StatsSnapshot, outcome: Outcome, now: float,
     arms = dict(snapshot.arms)
     cause = outcome.cause
     if blame.counted:
+        w_model = w_node = 1.0
+        if blame.model and blame.node and not blame.success and config.split_ambiguous:
+            w_model = _model_share(snapshot, outcome, now, config)
+            w_node = 1.0 - w_model
         levels[GLOBAL] = _add(levels.get(GLOBAL, _ZERO), cause, now, h)
         if blame.model:
             k = model_key(outcome.model)
-            levels[k] = _add(levels.get(k, _ZERO), cause, now, h)
+            levels[k] = _add(levels.get(k, _ZERO), cause, now, h, w_model)
         if blame.family:
             k = family_key(outcome.family)
-            levels[k] = _add(levels.get(k, _ZERO), cause, now, h)
+            levels[k] = _add(levels.get(k, _ZERO), cause, now, h, w_model)
         if blame.node:
             k = node_key(outcome.node)
-            levels[k] = _add(levels.get(k, _ZERO), cause, now, h)
+            levels[k] = _add(levels.get(k, _ZERO), cause, now, h, w_node)
         if config.fast_half_life_s is not None and config.level_changes:
             if cause in ("ok", "model_fault"):
                 _level_change(levels, arms, "model", outcome, cause == "ok", now, config)
@@ -492,6 +507,17 @@ def record(snapshot: StatsSnapshot, outcome: Outcome, now: float,
     return StatsSnapshot(levels=levels, arms=arms)
 
 
+def _model_share(snapshot: StatsSnapshot, outcome: Outcome, now: float,
+                 config: SelectorConfig) -> float:
+    """The share of an ambiguous failure (timeout, unclassified) laid on the model rather
+    than the node: their failure rates so far, normalised (1/2 when both look perfect)."""
+    est = Estimator(snapshot, now, config)
+    q_model = 1.0 - est.model_mean(outcome.model, outcome.family, outcome.predecessor)
+    q_node = 1.0 - est.node_mean(outcome.node)
+    total = q_model + q_node
+    return q_model / total if total > 0.0 else 0.5
+
+
 def _restart(c: Counts, ok: float, fail: float, now: float) -> Counts:
     """Long counts replaced by a window's (failures keep their causes' proportions)."""
     share = fail / c.failures if c.failures > 0.0 else 0.0
@@ -508,8 +534,8 @@ def _split(key: str) -> tuple[str, str]:
 
 def _level_change(levels: dict[str, Counts], arms: dict[str, ArmState], kind: str,
                   outcome: Outcome, ok: bool, now: float, config: SelectorConfig) -> None:
-    """Update a model's or node's fast window; on a change point restart its counts and
-    discount the history of every arm of that model (node) by `change_forget`, so its
+    """Update a model's or node's fast window and CUSUM; on a change point restart its counts
+    and discount the history of every arm of that model (node) by `change_forget`, so its
     arms fall back on the parents and a model failing on one node is avoided on all."""
     target = outcome.model if kind == "model" else outcome.node
     k = model_key(target) if kind == "model" else node_key(target)
@@ -520,15 +546,31 @@ def _level_change(levels: dict[str, Counts], arms: dict[str, ArmState], kind: st
     c = levels[k] = replace(c, recent_ok=r_ok, recent_fail=r_fail,
                             recent_at=max(now, c.recent_at))
     n = r_ok + r_fail
-    if n < config.change_min_n:
+    if config.cusum_h is None and n < config.change_min_n:
         return
     est = Estimator(StatsSnapshot(levels=levels, arms=arms), now, config)
     long_mean = (est.model_mean(outcome.model, outcome.family, outcome.predecessor)
                  if kind == "model" else est.node_mean(outcome.node))
-    low, high = wilson(r_ok, n, config.change_z)
-    if low <= long_mean <= high:
-        return
-    levels[k] = _restart(c, r_ok, r_fail, now)
+    restart: tuple[float, float] | None = None
+    if config.cusum_h is not None:
+        s, seg_ok, seg_fail = _cusum_step(c.cusum, c.seg_ok, c.seg_fail, ok, long_mean,
+                                          config)
+        if s >= config.cusum_h:
+            restart = (seg_ok, seg_fail)
+            s = seg_ok = seg_fail = 0.0
+        c = levels[k] = replace(c, cusum=s, seg_ok=seg_ok, seg_fail=seg_fail)
+    if restart is None:
+        if n < config.change_min_n:
+            return
+        low, high = wilson(r_ok, n, config.change_z)
+        if low <= long_mean <= high:
+            return
+        restart = (r_ok, r_fail)
+    else:
+        # The window restarts with the change too, so it does not test the new counts
+        # against the pre-change successes it still holds.
+        c = replace(c, recent_ok=restart[0], recent_fail=restart[1])
+    levels[k] = _restart(c, restart[0], restart[1], now)
     keep = config.change_forget
     for key, a in list(arms.items()):
         model, node = _split(key)
@@ -540,19 +582,44 @@ def _level_change(levels: dict[str, Counts], arms: dict[str, ArmState], kind: st
                 unknown=ac.unknown * keep))
 
 
+def _cusum_step(s: float, seg_ok: float, seg_fail: float, ok: bool, mean: float,
+                config: SelectorConfig) -> tuple[float, float, float]:
+    """One step of Page's CUSUM for a failure rate q0 = 1 - mean rising to
+    q1 = min(cusum_ratio * q0, 0.5): S <- max(0, S + log-likelihood ratio), and the outcomes
+    summed since S last left zero (reset with it)."""
+    q0 = min(max(1.0 - mean, 1e-4), 0.5)
+    q1 = min(q0 * config.cusum_ratio, 0.5)
+    if q1 <= q0:
+        return 0.0, 0.0, 0.0
+    s += math.log((1.0 - q1) / (1.0 - q0)) if ok else math.log(q1 / q0)
+    if s <= 0.0:
+        return 0.0, 0.0, 0.0
+    return s, seg_ok + ok, seg_fail + (not ok)
+
+
 def _fast(arm: ArmState, key: str, ok: bool, now: float, levels: Mapping[str, Counts],
           arms: Mapping[str, ArmState], outcome: Outcome, config: SelectorConfig) -> ArmState:
-    """Update the fast window; on a change point restart the long counts from it."""
+    """Update the fast window and the CUSUM; on a change point restart the long counts."""
     w = _factor(now - arm.fast_at, config.fast_half_life_s)
     f_ok = arm.fast_ok * w + ok
     f_fail = arm.fast_fail * w + (not ok)
     arm = replace(arm, fast_ok=f_ok, fast_fail=f_fail, fast_at=max(now, arm.fast_at))
     n = f_ok + f_fail
-    if n < config.change_min_n:
+    if config.cusum_h is None and n < config.change_min_n:
         return arm
     snap = StatsSnapshot(levels=levels, arms={**arms, key: arm})
     long_mean = Estimator(snap, now, config).arm(outcome.model, outcome.node, outcome.family,
                                                  outcome.predecessor, arm).mean
+    if config.cusum_h is not None:
+        s, seg_ok, seg_fail = _cusum_step(arm.cusum, arm.seg_ok, arm.seg_fail, ok,
+                                          long_mean, config)
+        if s >= config.cusum_h:
+            return replace(arm, counts=_restart(arm.counts, seg_ok, seg_fail, now),
+                           fast_ok=seg_ok, fast_fail=seg_fail, cusum=0.0, seg_ok=0.0,
+                           seg_fail=0.0, changes=arm.changes + 1, changed_at=now)
+        arm = replace(arm, cusum=s, seg_ok=seg_ok, seg_fail=seg_fail)
+    if n < config.change_min_n:
+        return arm
     low, high = wilson(f_ok, n, config.change_z)
     if low <= long_mean <= high:
         return arm

@@ -116,6 +116,36 @@ def _time(x: tuple[float, int], seeds: int) -> str:
     return f"{m:.0f} ({n}/{seeds})"
 
 
+def gap_table(summary: dict[str, Any]) -> list[str]:
+    """Each router's gap to the oracle in first-attempt success (pp): mean over the
+    scenarios, its worst scenario, and its worst incident window."""
+    gaps: dict[str, list[tuple[float, str]]] = {}
+    incident: dict[str, list[tuple[float, str]]] = {}
+    for scenario, data in summary.items():
+        rows = data["policies"]
+        if "oracle" not in rows:
+            continue
+        for policy, row in rows.items():
+            if policy == "oracle":
+                continue
+            gap = 100 * (rows["oracle"]["first_success"][0] - row["first_success"][0])
+            gaps.setdefault(policy, []).append((gap, scenario))
+            o_inc, r_inc = rows["oracle"]["incident_first_success"][0], \
+                row["incident_first_success"][0]
+            if not (math.isnan(o_inc) or math.isnan(r_inc)):
+                incident.setdefault(policy, []).append((100 * (o_inc - r_inc), scenario))
+    lines = ["### Gap to the oracle in first-attempt success, over every scenario", "",
+             "| router | mean gap (pp) | worst scenario (pp) | worst incident-window gap (pp) |",
+             "|---|---|---|---|"]
+    for policy, values in sorted(gaps.items(), key=lambda kv: sum(g for g, _ in kv[1])
+                                 / len(kv[1])):
+        worst = max(values)
+        worst_inc = max(incident.get(policy, [(math.nan, "-")]))
+        lines.append(f"| {policy} | {sum(g for g, _ in values) / len(values):.2f} | "
+                     f"{worst[0]:.2f} ({worst[1]}) | {worst_inc[0]:.2f} ({worst_inc[1]}) |")
+    return lines
+
+
 def markdown(summary: dict[str, Any], descriptions: dict[str, str]) -> str:
     """The comparison table, then one table per scenario."""
     lines = ["### Selector against the best baseline (first-attempt and incident-window)", "",
@@ -129,6 +159,7 @@ def markdown(summary: dict[str, Any], descriptions: dict[str, str]) -> str:
             lines.append(f"| {scenario} | {k} | {100 * c['selector']:.2f} | "
                          f"{c['best_baseline']} | {100 * c['baseline']:.2f} | "
                          f"{c['diff_pp']:+.2f} | {c['p_wilcoxon']:.2g} |")
+    lines += ["", *gap_table(summary)]
     for scenario, data in summary.items():
         lines += ["", f"### {scenario}: {descriptions.get(scenario, '')}", "",
                   "| policy | end-to-end % | first-attempt % | incident e2e % | "

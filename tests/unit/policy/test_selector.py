@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from policy.attribution import Cause
 from policy.config import SelectorConfig
 from policy.retry import Avoid
 from policy.selector import Candidate, Task, commit, replay, select
@@ -204,3 +205,54 @@ def test_critical_tasks_rank_by_the_lower_bound() -> None:
     picks = {select(Task(f"t{s}", "classify", critical=True), [A1, A2], snap, 40.0, s,
                     config).node for s in range(10)}
     assert picks == {"n1"}
+
+
+def test_equal_scores_are_drawn_at_random_not_by_name() -> None:
+    # fresh arms have the same prior: the choice must not always be the last name
+    chosen = {select(TASK, [A1, A2, B3], StatsSnapshot(), 0.0, seed, CONFIG).chosen_arm
+              for seed in range(40)}
+    assert chosen == {A1.arm, A2.arm, B3.arm}
+    d = select(TASK, [A1, A2, B3], StatsSnapshot(), 0.0, 7, CONFIG)
+    assert replay(d.to_dict()).chosen_arm == d.chosen_arm
+
+
+def spread(successes: int, failures: int) -> list[Cause]:
+    """`failures` model faults spread evenly among `successes` successes."""
+    block: list[Cause] = ["ok"] * (successes // failures)
+    block.append("model_fault")
+    return block * failures
+
+
+def test_exploitation_by_a_lower_quantile_prefers_a_long_good_record_to_a_short_lucky_one() -> None:
+    config = CONFIG.model_copy(update={"exploration_rate": 0.0, "half_life_s": None,
+                                       "latency_weight": 0.0, "load_weight": 0.0,
+                                       "exploit_quantile": None})
+    # a:v1@n1: 996 of 1,000; c:v1@n3: 80 of 80 on a model that is otherwise 97 %
+    long_good = feed(StatsSnapshot(), A1, spread(996, 4),
+                     step=0.01, config=config)
+    other = Candidate("c:v1", "n4", "beta")
+    lucky = Candidate("c:v1", "n3", "beta")
+    snap = feed(long_good, other, spread(192, 6), start=20.0,
+                config=config)
+    snap = feed(snap, lucky, ["ok"] * 80, start=60.0, config=config)
+    by_mean = select(TASK, [A1, lucky], snap, 70.0, 1, config)
+    assert by_mean.chosen_arm == lucky.arm
+    pessimist = config.model_copy(update={"exploit_quantile": 0.25})
+    assert select(TASK, [A1, lucky], snap, 70.0, 1, pessimist).chosen_arm == A1.arm
+
+
+def test_the_prior_floor_lets_a_new_version_of_a_good_model_compete_at_once() -> None:
+    config = CONFIG.model_copy(update={"exploration_rate": 0.0, "half_life_s": None,
+                                       "latency_weight": 0.0, "load_weight": 0.0,
+                                       "exploit_quantile": 0.25, "successor_floor": False})
+    v1 = Candidate("a:v1", "n1", "alpha")
+    v2 = Candidate("a:v2", "n2", "alpha", predecessor="a:v1")
+    snap = feed(StatsSnapshot(), v1, spread(597, 3), step=0.01,
+                config=config)
+    snap = feed(snap, v2, ["ok"] * 12, start=10.0, config=config)
+    # the new version's short record is better than its prior: without the floor its lower
+    # bound (few samples) loses to v1's; with it, it ranks at least at its prior (v1's rate)
+    assert select(TASK, [v1, v2], snap, 20.0, 1, config).chosen_arm == v1.arm
+    floored = config.model_copy(update={"successor_floor": True})
+    d = select(TASK, [v1, v2], snap, 20.0, 1, floored)
+    assert d.chosen_arm == v2.arm

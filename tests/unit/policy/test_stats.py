@@ -6,11 +6,13 @@ import math
 
 import pytest
 
+from policy.attribution import Cause
 from policy.config import SelectorConfig
 from policy.selector import Candidate
 from policy.stats import (
     GLOBAL,
     Counts,
+    Estimator,
     Outcome,
     StatsSnapshot,
     arm_key,
@@ -189,3 +191,51 @@ def test_record_keys_name_the_siblings_a_change_point_rewrites() -> None:
     assert {A1.arm, A2.arm, B1.arm} <= set(keys)      # same model, or same node
     assert C3.arm not in keys
     assert {model_key("a:v1"), node_key("n1"), GLOBAL} <= set(keys)
+
+
+def test_cusum_catches_a_sudden_drop_in_two_failures_and_restarts_from_them() -> None:
+    # 99.9 % for a minute, then two failures: the 15 s window still holds ~70 successes,
+    # so it would restart the counts looking healthy; the CUSUM restarts from the drop.
+    def run(cusum_h: float | None) -> tuple[int, float]:
+        config = SelectorConfig(half_life_s=600.0, level_changes=False, cusum_h=cusum_h,
+                                change_min_n=1e9)    # the window test off: CUSUM alone
+        snap = feed(StatsSnapshot(), A1, ["ok"] * 300, step=0.2, config=config)
+        snap = feed(snap, A1, ["model_fault", "model_fault"], start=60.0, step=0.2,
+                    config=config)
+        arm = snap.arms[A1.arm]
+        return arm.changes, estimate(snap, A1.model, A1.node, A1.family, 60.4, config).mean
+
+    changes, mean = run(4.5)
+    assert changes == 1
+    assert mean < 0.9
+    without_changes, without_mean = run(None)
+    assert without_changes == 0
+    assert without_mean > 0.98
+
+
+def test_cusum_does_not_fire_on_the_usual_failures_of_a_steady_arm() -> None:
+    # 99.5 % with failures spread out (one in 200): the sum falls back to zero between them
+    config = SelectorConfig(half_life_s=300.0, level_changes=True)
+    usual: list[Cause] = ["ok"] * 199
+    usual.append("model_fault")
+    causes = usual * 10
+    snap = feed(StatsSnapshot(), A1, causes, step=0.2, config=config)
+    assert snap.arms[A1.arm].changes == 0
+    assert snap.level(model_key(A1.model)).cusum < 4.5
+
+
+def test_a_slow_models_timeouts_fall_on_the_model_not_on_its_nodes() -> None:
+    # B works on n1; then model a times out on n1 again and again. Split by how much each
+    # already fails, the timeouts land on the model, and n1 stays a good node for b.
+    def node_mean(split: bool) -> float:
+        config = SelectorConfig(half_life_s=600.0, split_ambiguous=split, cusum_h=None,
+                                fast_half_life_s=None)
+        snap = feed(StatsSnapshot(), B1, ["ok"] * 100, config=config)
+        slow: list[Cause] = ["ok"] * 20
+        for _ in range(10):
+            slow += ["timeout", "ok", "timeout"]
+        snap = feed(snap, A1, slow, start=20.0, config=config)
+        return Estimator(snap, 30.0, config).node_mean(B1.node)
+
+    assert node_mean(split=False) < 0.87
+    assert node_mean(split=True) > 0.95
