@@ -1,0 +1,46 @@
+"""The container deployment stays in step with the code: every service the launcher runs is
+in deploy/compose.yaml with a command that imports, and the image holds every package."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from services import launcher
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def compose() -> dict[str, Any]:
+    data = yaml.safe_load((ROOT / "deploy" / "compose.yaml").read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def test_compose_runs_every_service_the_launcher_runs_and_the_api() -> None:
+    services = compose()["services"]
+    for name in (*launcher.SERVICES, "api", "postgres", "kafka", "redis"):
+        assert name in services, f"deploy/compose.yaml has no {name}"
+
+
+def test_every_compose_command_names_a_module_that_imports() -> None:
+    for name, spec in compose()["services"].items():
+        command = spec.get("command") or []
+        targets = [part.split(":")[0] for part in command if re.fullmatch(r"[\w.]+:\w+", part)]
+        if command[:2] == ["python", "-m"]:
+            targets.append(command[2])
+        for module in targets:
+            assert importlib.util.find_spec(module) is not None, f"{name}: {module}"
+
+
+def test_the_image_copies_every_package_the_project_installs() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = [p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]]
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    for package in packages:
+        assert re.search(rf"^COPY {package} \./{package}$", dockerfile, re.M), package
