@@ -15,10 +15,13 @@ through the record's outbox after the step committed.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from typing import Any, Literal
 from uuid import UUID, uuid4
 
@@ -75,6 +78,23 @@ local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, AR
 for _, member in ipairs(due) do redis.call('ZADD', KEYS[1], ARGV[2], member) end
 return due
 """
+# KEYS: the task's record, the active set of its type, the due set. ARGV: the fresh record,
+# its TTL, the task id, its deadline, its first due time. Creates the record unless it
+# exists, and then enters the task in both sets; 1 if it did.
+_CREATE = """
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[2], ARGV[4], ARGV[3])
+redis.call('ZADD', KEYS[3], ARGV[5], ARGV[3])
+return 1
+"""
+
+
+@dataclass
+class _Turn:
+    """Who is moving one task on in this instance, and who waits."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
 
 
 class Router:
@@ -95,20 +115,22 @@ class Router:
         self.rng = rng or random.Random()
         self.clock = clock
         self._claim = redis.register_script(_CLAIM)
+        self._create = redis.register_script(_CREATE)
+        self._turns: dict[UUID, _Turn] = {}
 
     # ------------------------------------------------------------ handlers
 
     async def on_submitted(self, task: MlTaskSubmitted) -> None:
         """A new task (or a redelivered one: its record exists, and it is only advanced)."""
         fresh = TaskRecord(task=task)
-        created = await self.redis.set(self.keys.ml_task(str(task.task_id)),
-                                       fresh.model_dump_json(), nx=True,
-                                       ex=self.settings.record_ttl_s)
+        # The record, the task's entry among the active ones and, a safety net (if this
+        # handler dies from here on, the sweep takes the task over), its due time: at once.
+        created = await self._create(
+            keys=[self.keys.ml_task(str(task.task_id)),
+                  self.keys.ml_active(task.cluster_id, task.task_type), self.keys.ml_due()],
+            args=[fresh.model_dump_json(), self.settings.record_ttl_s, str(task.task_id),
+                  epoch(task.deadline), self.clock() + CLAIM_LEASE_S])
         if created:
-            await self.redis.zadd(self.keys.ml_active(task.cluster_id, task.task_type),
-                                  {str(task.task_id): epoch(task.deadline)})
-            # A safety net: if this handler dies from here on, the sweep takes the task over.
-            await self._due(task.task_id, self.clock() + CLAIM_LEASE_S)
             log.info("task %s (%s, priority %d) submitted by %s", task.task_id,
                      task.task_type, task.priority, task.submitted_by)
         await self.advance(task.task_id)
@@ -127,8 +149,9 @@ class Router:
             confidence=inference.confidence if inference else None,
             detail=(inference.detail if inference and inference.detail
                     else result.reason)[:256])
-        if await self._end_attempt(result.task_id, result.command_id, ended):
-            await self.advance(result.task_id)
+        async with self._one_at_a_time(result.task_id):
+            if await self._end_attempt(result.task_id, result.command_id, ended):
+                await self._advance(result.task_id)
 
     async def on_report(self, report: NodeReport) -> None:
         """A node's report feeds the model registry."""
@@ -156,6 +179,30 @@ class Router:
 
     async def advance(self, task_id: UUID) -> None:
         """Move the task on until it waits for something (an answer, a deadline, a slot)."""
+        async with self._one_at_a_time(task_id):
+            await self._advance(task_id)
+
+    @contextlib.asynccontextmanager
+    async def _one_at_a_time(self, task_id: UUID) -> AsyncIterator[None]:
+        """This instance moves each task on in one place at a time.
+
+        Correct without it (every step is a transaction), but an answer that arrives while
+        the submission's handler is still sending the command would otherwise make both
+        publish the outbox and conflict on the record. Other instances are not waited for.
+        """
+        turn = self._turns.get(task_id)
+        if turn is None:
+            turn = self._turns[task_id] = _Turn()
+        turn.users += 1
+        try:
+            async with turn.lock:
+                yield
+        finally:
+            turn.users -= 1
+            if turn.users == 0:
+                del self._turns[task_id]
+
+    async def _advance(self, task_id: UUID) -> None:
         for _ in range(MAX_STEPS):
             step = await self._step(task_id)
             if step == "flush":
@@ -190,9 +237,10 @@ class Router:
         now = self.clock()
         task = rec.task
         if rec.final:
-            await self.redis.zrem(self.keys.ml_active(task.cluster_id, task.task_type),
-                                  str(task_id))
-            await self.redis.zrem(self.keys.ml_due(), str(task_id))
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.zrem(self.keys.ml_active(task.cluster_id, task.task_type), str(task_id))
+                pipe.zrem(self.keys.ml_due(), str(task_id))
+                await pipe.execute()
             return "idle"
         current = rec.current
         if rec.state == "running" and current is not None:
@@ -205,13 +253,13 @@ class Router:
                 await self._due(task_id, current.deadline)
                 return "idle"
             if not current.stats_recorded:
-                await self._conclude(task_id, current)
+                await self._conclude(task_id, current, task)
                 return "progress"
         if rec.state in ("routing", "waiting"):
             if now >= epoch(task.deadline) - self.settings.min_attempt_s:
                 await self._expire(task_id)
                 return "progress"
-            return await self._route(task_id)
+            return await self._route(task_id, task)
         return "idle"
 
     async def _flush(self, task_id: UUID, rec: TaskRecord) -> None:
@@ -258,26 +306,29 @@ class Router:
         """Retries in flight and unfinished tasks of the type (stale entries pruned)."""
         active = self.keys.ml_active(cluster, task_type)
         retrying = self.keys.ml_retrying(cluster, task_type)
-        await self.redis.zremrangebyscore(active, "-inf", now - self.settings.attempt_timeout_s)
-        await self.redis.zremrangebyscore(retrying, "-inf", now)
-        return RetryBudget(retries_in_flight=int(await self.redis.zcard(retrying)),
-                           active_tasks=int(await self.redis.zcard(active)))
+        async with self.redis.pipeline(transaction=False) as pipe:  # one round trip
+            pipe.zremrangebyscore(active, "-inf", now - self.settings.attempt_timeout_s)
+            pipe.zremrangebyscore(retrying, "-inf", now)
+            pipe.zcard(retrying)
+            pipe.zcard(active)
+            _, _, retries, tasks = await pipe.execute()
+        return RetryBudget(retries_in_flight=int(retries), active_tasks=int(tasks))
 
-    async def _conclude(self, task_id: UUID, ended: AttemptRecord) -> None:
-        """Count an ended attempt in the statistics and decide: done, retry or failed."""
+    async def _conclude(self, task_id: UUID, ended: AttemptRecord,
+                        task: MlTaskSubmitted) -> None:
+        """Count an ended attempt in the statistics and decide: done, retry or failed.
+
+        `task` is the record's task as the caller read it (it never changes)."""
         task_key = self.keys.ml_task(str(task_id))
         model = policy_model(ended.model, ended.version)
         now = self.clock()
-        peek = await self._load(self.redis, task_id)
-        if peek is None:
-            return
-        cluster = peek.task.cluster_id
+        cluster = task.cluster_id
         # A change point on the model or the node rewrites every arm of it that `record`
         # is given: load (and watch) all the served arms sharing either, of any task type
         # (a node's change concerns all its models), not only the arm the outcome ran on.
         stat_keys = record_keys(model, ended.node, ended.family, ended.predecessor,
                                 served_arms(await self.registry.entries(cluster, now)))
-        budget = await self._budget(cluster, peek.task.task_type, now)
+        budget = await self._budget(cluster, task.task_type, now)
 
         async def body(pipe: Pipeline) -> None:
             rec = await self._load(pipe, task_id)
@@ -360,12 +411,10 @@ class Router:
 
         await optimistic(self.redis, [self.keys.ml_task(str(task_id))], body)
 
-    async def _route(self, task_id: UUID) -> Step:
-        """Select the next attempt's arm and send it the task, or wait."""
-        peek = await self._load(self.redis, task_id)
-        if peek is None:
-            return "idle"
-        task = peek.task
+    async def _route(self, task_id: UUID, task: MlTaskSubmitted) -> Step:
+        """Select the next attempt's arm and send it the task, or wait.
+
+        `task` is the record's task as the caller read it (it never changes)."""
         cluster = task.cluster_id
         now = self.clock()
         found = bounded(
@@ -375,10 +424,9 @@ class Router:
         by_arm = {c.arm: c for c in found}
         stat_keys = snapshot_keys(found)
         arm_keys = [k for k in stat_keys if is_arm(k)]
-        # Levels are read without watching them: a decision only changes arms, and a level a
-        # little stale changes an estimate a little (it is recorded with the decision).
-        levels = await self.stats.read(self.redis, cluster,
-                                       [k for k in stat_keys if not is_arm(k)])
+        # Only the arms are watched; levels are read with them (one round trip) but without
+        # watching them: a decision only changes arms, and a level a little stale changes an
+        # estimate a little (it is recorded with the decision).
         watch = [self.keys.ml_task(str(task_id)), *self.stats.redis_keys(cluster, arm_keys)]
 
         async def body(pipe: Pipeline) -> Step:
@@ -386,8 +434,7 @@ class Router:
             if rec is None or rec.state not in ("routing", "waiting") or rec.outbox:
                 begin_writes(pipe)
                 return "progress"
-            arms = await self.stats.read(pipe, cluster, arm_keys)
-            snapshot = levels.merge(arms)
+            snapshot = await self.stats.read(pipe, cluster, stat_keys)
             decision = select(policy_task(rec), found, snapshot, now, self.rng, self.config)
             n = rec.next_attempt
             chosen = decision.chosen

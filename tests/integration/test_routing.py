@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -210,14 +211,23 @@ async def test_traffic_moves_away_from_a_flaky_model_and_success_recovers(
     async with (routed_fleet(kafka_bootstrap, redis_url, namespace, tmp_path, nodes),
                 closed_loop(kafka_bootstrap, namespace, concurrency=6) as load):
 
-        def is_bad(s: Seen) -> bool:
-            return s.arm == ("node-002", "digits-mlp", "1")
-
         await asyncio.sleep(8.0)
         baseline = list(load.seen)
+        # The selector concentrates traffic on the arms with the best record, which ones
+        # depends on the first few answers: the fault goes to the busiest arm, so that there
+        # is traffic to move away.
+        bad_arm = Counter(s.arm for s in baseline).most_common(1)[0][0]
+        bad_node, bad_model, bad_version = bad_arm
+        assert bad_node is not None
+        assert bad_model is not None
+        assert bad_version is not None
+
+        def is_bad(s: Seen) -> bool:
+            return s.arm == bad_arm
+
         fault_at = time.monotonic()
-        fleet.inject_fault(tmp_path, "node-002",
-                           model_faults=[ModelFault(model="digits-mlp@1", failure_rate=0.7)])
+        fleet.inject_fault(tmp_path, bad_node, model_faults=[
+            ModelFault(model=f"{bad_model}@{bad_version}", failure_rate=0.7)])
         await asyncio.sleep(22.0)
     for line in summary(load, fault_at - 8.0, 3.0, is_bad, "flaky arm"):
         print(line)
@@ -230,7 +240,7 @@ async def test_traffic_moves_away_from_a_flaky_model_and_success_recovers(
     failures = [s.outcome for s in load.window(fault_at) if s.outcome.outcome == "failed"]
     assert failures
     assert {(o.node_id, o.model, o.cause, o.attributed_to) for o in failures} == {
-        ("node-002", "digits-mlp", "model_fault", "model")}
+        (bad_node, bad_model, "model_fault", "model")}
     # Traffic moved away from it, and the measured success rate recovered.
     late = load.window(fault_at + 12.0)
     assert len(late) >= 40
