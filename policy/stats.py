@@ -70,7 +70,7 @@ def record_keys(model: str, node: str, family: str, predecessor: str | None,
     keys = set(keys_for(model, node, family, predecessor))
     for key in known_arms:
         if key.startswith("arm:"):
-            arm_model, _, arm_node = key[len("arm:"):].rpartition(ARM_SEP)
+            arm_model, arm_node = _split(key)
             if arm_model == model or arm_node == node:
                 keys.add(key)
     return sorted(keys)

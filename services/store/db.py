@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from alembic import command
 from alembic.config import Config
@@ -20,7 +20,10 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
+from services.shared.errors import InfrastructureUnavailable
+
 log = logging.getLogger("clusterwarden.store")
+T = TypeVar("T")
 
 MIGRATIONS_DIR: Final = Path(__file__).resolve().parent / "migrations"
 # Any constant will do; every process that migrates uses the same one.
@@ -40,6 +43,18 @@ def is_unavailable(err: BaseException) -> bool:
         return True
     return isinstance(err, (sa_exc.OperationalError, sa_exc.InterfaceError,
                             sa_exc.DisconnectionError, sa_exc.TimeoutError, OSError))
+
+
+async def fail_closed(work: Awaitable[T]) -> T:
+    """`work`, with an unreachable or busy database raised as InfrastructureUnavailable: a
+    consumer then leaves its message uncommitted, delivered again once the database is back
+    (any other error is the message's own and goes on as it is)."""
+    try:
+        return await work
+    except Exception as err:
+        if is_unavailable(err):
+            raise InfrastructureUnavailable(f"task store: {err!r}"[:500]) from err
+        raise
 
 
 def create_engine_for(url: str) -> AsyncEngine:

@@ -20,8 +20,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from schemas.events.v1 import MlTaskOutcome, MlTaskSubmitted, ModelSelected
-from services.shared.errors import InfrastructureUnavailable
-from services.store.db import Store, is_unavailable
+from services.store.db import Store, fail_closed
 from services.store.ml_projection import MlEventModel, MlFact, project
 from services.store.models import MlAttempt, MlEvent, MlTask
 from services.store.views import MlAttemptRow, MlTaskDetail, MlTaskRow
@@ -95,13 +94,7 @@ class MlRecorder:
             return await record_ml_event(session, event)
 
     async def on_event(self, event: MlEventModel) -> None:
-        try:
-            recorded = await self.record(event)
-        except Exception as err:
-            if is_unavailable(err):
-                raise InfrastructureUnavailable(f"task store: {err!r}"[:500]) from err
-            raise
-        if recorded:
+        if await fail_closed(self.record(event)):
             log.debug("ml task %s: %s", event.task_id, event.event_type)
 
     async def on_submitted(self, event: MlTaskSubmitted) -> None:

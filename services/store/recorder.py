@@ -17,8 +17,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from schemas.events.v1 import OpsTask, TaskEvent
-from services.shared.errors import InfrastructureUnavailable
-from services.store.db import Store, is_unavailable
+from services.store.db import Store, fail_closed
 from services.store.models import StepRecord, Task, Transition
 from services.store.projection import Fact, planned_steps, step_views, task_view
 
@@ -126,14 +125,7 @@ class Recorder:
             return await record_event(session, event)
 
     async def on_task_event(self, event: TaskEvent) -> None:
-        try:
-            recorded = await self.record(event)
-        except Exception as err:
-            if is_unavailable(err):
-                # Fail closed: not committed, delivered again once the database is back.
-                raise InfrastructureUnavailable(f"task store: {err!r}"[:500]) from err
-            raise
-        if recorded:
+        if await fail_closed(self.record(event)):
             log.debug("task %s: %s %s/%s by %s", event.task_id, event.state,
                       event.step_index, event.step_state, event.actor)
 
