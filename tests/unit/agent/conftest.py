@@ -1,4 +1,5 @@
-"""Fixtures for the agent tests: a signing centre with real keys, a journal, an executor."""
+"""Fixtures for the agent tests: a signing centre with real keys, a journal, an executor;
+and the polling helpers the tests wait with (a condition, never a fixed sleep)."""
 
 from __future__ import annotations
 
@@ -29,8 +30,6 @@ from services.shared.signing import (
 NODE = "node-001"
 CLUSTER = "local"
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
-
-
 @dataclass
 class Centre:
     """Signs commands the way the executor will."""

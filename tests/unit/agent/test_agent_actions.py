@@ -7,7 +7,6 @@ a restart. tests/unit/agent/test_agent_migration.py does the same with real job 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -31,6 +30,7 @@ from schemas.events.v1 import (
     StopJob,
 )
 from tests.unit.agent.conftest import Centre, Node, open_node
+from tests.waiting import eventually
 
 NODE, OTHER = "node-001", "node-002"
 TRAIN, INFER = f"{NODE}.train", f"{NODE}.infer"
@@ -43,6 +43,21 @@ class SlowJobs(SimulatedJobs):
 
     def settled(self, job_id: str) -> bool:
         return self.checkpointed
+
+
+async def held(node: Node[SimulatedJobs], job_id: str) -> JobView:
+    """Wait until a long action under way holds the job (it stopped it and now waits)."""
+    def busy() -> JobView | None:
+        view = node.jobs.view(job_id)
+        return view if view is not None and view.busy else None
+
+    return await eventually(busy, f"a long action holds {job_id}")
+
+
+async def answered(node: Node[SimulatedJobs], count: int = 1) -> None:
+    """Wait until `count` long actions have published their answer (from a callback)."""
+    await eventually(lambda: len(node.published) >= count,
+                     f"{count} published answer(s) on {node.node_id}")
 
 
 NodeFactory = Callable[..., Node[SimulatedJobs]]
@@ -288,9 +303,7 @@ async def test_a_running_migration_can_be_queried_and_cancelled(
     command_id = uuid4()
     migrate = MigrateJob(node_id=NODE, job_id=TRAIN, checkpoint_timeout_s=60.0)
     assert source.send(migrate, command_id=command_id) is None
-    await asyncio.sleep(0.05)  # it holds the job and waits for its checkpoint
-    view = source.jobs.view(TRAIN)
-    assert view is not None
+    view = await held(source, TRAIN)  # it holds the job and waits for its checkpoint
     assert (view.busy, view.state) == (True, "stopped")
 
     query = source.answer(QueryStatus(node_id=NODE, command_id=command_id))
@@ -308,13 +321,13 @@ async def test_a_running_migration_can_be_queried_and_cancelled(
     assert (cancel.outcome, cancel.outputs["cancelled"], cancel.outputs["queried_action"]) == (
         "succeeded", True, "migrate_job"
     )
-    await asyncio.sleep(0.05)
+    await answered(source)
     assert [(r.command_id, r.outcome, r.reason) for r in source.published] == [
         (command_id, "failed", "cancelled")
     ]
-    view = source.jobs.view(TRAIN)
-    assert view is not None
-    assert (view.busy, view.state) == (False, "running")  # it runs here again
+    again = source.jobs.view(TRAIN)
+    assert again is not None
+    assert (again.busy, again.state) == (False, "running")  # it runs here again
     assert not (tmp_path / "checkpoints" / TRAIN).exists()
     after = source.answer(QueryStatus(node_id=NODE, command_id=command_id))
     assert (after.outcome, after.reason) == ("failed", "cancelled")
@@ -326,6 +339,8 @@ async def test_a_checkpoint_timeout_keeps_the_job_here(nodes: NodeFactory) -> No
     source = nodes(NODE, jobs_type=SlowJobs)
     jobs = source.jobs
     assert isinstance(jobs, SlowJobs)
+    # SlowJobs never checkpoints until told: any timeout fires, however fast the machine is
+    # (a short one only keeps the test quick).
     result = await source.run(MigrateJob(node_id=NODE, job_id=TRAIN, checkpoint_timeout_s=0.05))
     assert (result.outcome, result.reason) == ("failed", "checkpoint_timeout")
     assert "checkpoint_timeout" not in PERMANENT_REASONS  # a retry may well succeed
@@ -343,7 +358,7 @@ async def test_a_restart_interrupts_a_running_migration(
     source = nodes(NODE, jobs_type=SlowJobs)
     command_id = uuid4()
     assert source.send(MigrateJob(node_id=NODE, job_id=TRAIN), command_id=command_id) is None
-    await asyncio.sleep(0.02)
+    await held(source, TRAIN)  # under way: waiting for a checkpoint that never comes
     # Shutting down answers it: failed, interrupted, and the job stays (and runs) here.
     await source.executor.shutdown()
     assert [(r.outcome, r.reason) for r in source.published] == [("failed", "interrupted")]

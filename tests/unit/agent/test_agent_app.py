@@ -6,14 +6,16 @@ import asyncio
 import itertools
 import json
 from collections.abc import AsyncIterator, Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 from faststream.kafka import KafkaBroker, KafkaMessage, TestKafkaBroker
 
+from agent import app as agent_app
 from agent.app import Agent, create_agent, create_app, make_jobs
-from agent.faults import FaultPlan, write_faults
+from agent.faults import FaultPlan, reports_paused, write_faults
 from agent.jobs import JobManager, SimulatedJobs, job_dir
 from agent.ml.runtime import CHECKPOINT_FILE
 from agent.peers import PROBE_FILE, EchoListener, probe_peer, read_probe_addr
@@ -34,6 +36,7 @@ from schemas.events.v1 import (
     now_utc,
 )
 from schemas.topics import Topic, topic_name
+from tests.waiting import DEADLINE_S, eventually
 
 NODE = "node-001"
 E = TypeVar("E", bound=Envelope)
@@ -49,6 +52,8 @@ def settings(tmp_path: Path, centre: Any) -> AgentSettings:
         trusted_keys=[centre.public_key],
         interval_s=0.05,
         jobs="sim",  # no processes: these tests are about the wiring
+        # A probe of a live peer returns as soon as it answers; this only bounds a stuck one.
+        probe_timeout_s=10.0,
     )
 
 
@@ -70,6 +75,47 @@ class Sink:
                 self.arrived.notify_all()
 
         broker.subscriber(topic)(receive)
+
+
+class LoopWatch:
+    """The report loop seen from inside, so a test waits for what the loop did, not for time.
+
+    `ticks`: every regular tick's decision (True: the fault plan keeps it silent), with how
+    many reports the sink held at that moment. `checks`: every check for an urgent report
+    while the loop waits out its interval (one at least every URGENT_POLL_S), with its answer
+    and the sink's count. A tick publishes its report before the loop waits again, so the
+    count seen at a check includes the reports of every tick before it.
+    """
+
+    def __init__(self, agent: Agent, sink: Sink, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.ticks: list[tuple[bool, int]] = []
+        self.checks: list[tuple[bool, int]] = []
+        urgent = agent._urgent
+
+        def decide(plan: FaultPlan, now: datetime) -> bool:
+            silent = reports_paused(plan, now)
+            self.ticks.append((silent, len(sink.messages)))
+            return silent
+
+        def check() -> bool:
+            due = urgent()
+            self.checks.append((due, len(sink.messages)))
+            return due
+
+        monkeypatch.setattr(agent_app, "reports_paused", decide)
+        monkeypatch.setattr(agent, "_urgent", check)
+
+    async def next_ticks(self, count: int) -> list[tuple[bool, int]]:
+        start = len(self.ticks)
+        await eventually(lambda: len(self.ticks) >= start + count,
+                         f"{count} more ticks of the report loop")
+        return self.ticks[start:start + count]
+
+    async def next_checks(self, count: int) -> list[tuple[bool, int]]:
+        start = len(self.checks)
+        await eventually(lambda: len(self.checks) >= start + count,
+                         f"{count} more waits of the report loop")
+        return self.checks[start:start + count]
 
 
 @pytest.fixture
@@ -136,21 +182,23 @@ async def test_report_is_traced_and_carries_the_mode(
 
 
 async def test_loop_reports_until_stopped_and_goes_silent(
-    running: tuple[Agent, dict[Topic, Sink]]
+    running: tuple[Agent, dict[Topic, Sink]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     agent, sinks = running
     reports = sinks[Topic.NODE_REPORTS]
+    watch = LoopWatch(agent, reports, monkeypatch)
     await agent.start_reporting()
-    async with asyncio.timeout(5), reports.arrived:
-        await reports.arrived.wait_for(lambda: len(reports.messages) >= 3)
+    await wait_reports(reports, 3)
     write_faults(agent.state_dir, FaultPlan(silent=True))
-    await asyncio.sleep(0.1)  # let a report already under way finish
-    count = len(reports.messages)
-    await asyncio.sleep(0.3)
-    assert len(reports.messages) == count  # alive, but no heartbeat
+    # A tick already under way may still report; every tick that reads the plan is silent.
+    await eventually(lambda: watch.ticks[-1][0], "a tick that sees the silent plan")
+    count = watch.ticks[-1][1]
+    later = await watch.next_ticks(4)  # alive (it keeps ticking), but no heartbeat
+    assert later == [(True, count)] * 4
+    assert len(reports.messages) == count
     seqs = [NodeReport.model_validate_json(b).seq for _, b in reports.messages]
     assert seqs == sorted(set(seqs))
-    async with asyncio.timeout(5):
+    async with asyncio.timeout(DEADLINE_S):
         await agent.stop_reporting()
     assert agent._loop_task is None
 
@@ -171,14 +219,16 @@ async def send(agent: Agent, centre: Any, action: Action, seq: int) -> None:
     )
 
 
-async def wait_reports(sink: Sink, count: int, timeout_s: float = 5.0) -> list[NodeReport]:
+async def wait_reports(
+    sink: Sink, count: int, timeout_s: float = DEADLINE_S
+) -> list[NodeReport]:
     async with asyncio.timeout(timeout_s), sink.arrived:
         await sink.arrived.wait_for(lambda: len(sink.messages) >= count)
     return sink.parsed(NodeReport)
 
 
 async def wait_last_report(
-    sink: Sink, check: Callable[[NodeReport], bool], timeout_s: float = 10.0
+    sink: Sink, check: Callable[[NodeReport], bool], timeout_s: float = DEADLINE_S
 ) -> NodeReport:
     # A helper, not inline: FastStream's test broker cannot parse `async with` blocks inside
     # its own `async with` whose items are not calls.
@@ -190,28 +240,33 @@ async def wait_last_report(
 
 
 async def test_interval_and_probe_commands_drive_the_loop(
-    running: tuple[Agent, dict[Topic, Sink]], centre: Any
+    running: tuple[Agent, dict[Topic, Sink]], centre: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     agent, sinks = running
     reports = sinks[Topic.NODE_REPORTS]
+    watch = LoopWatch(agent, reports, monkeypatch)
     await agent.start_reporting()
     await wait_reports(reports, 2)
     assert {r.interval_s for r in reports.parsed(NodeReport)} == {0.05}
 
     # Night: one report an hour. The loop now waits, and nothing arrives.
     await send(agent, centre, SetReportInterval(node_id=NODE, interval_s=3_600.0), seq=1)
-    await asyncio.sleep(0.1)  # a report under way when the command came may still land
-    before = len(reports.messages)
-    await asyncio.sleep(0.3)
-    assert len(reports.messages) == before
     assert agent.interval_s == 3_600.0
+    # A report under way when the command came may still land before the loop waits again;
+    # from then on it waits (woken every URGENT_POLL_S to look for faults) and reports nothing.
+    waits = await watch.next_checks(3)
+    before = waits[0][1]
+    assert waits == [(False, before)] * 3
+    assert len(reports.messages) == before
 
     # Day again: the loop wakes at once rather than after the hour it was waiting out.
     await send(agent, centre, SetReportInterval(node_id=NODE, interval_s=0.5), seq=2)
-    arrived = await wait_reports(reports, before + 2, timeout_s=3.0)
+    arrived = await wait_reports(reports, before + 2)
     assert arrived[-1].interval_s == 0.5
+    # The new interval is in force: the loop waits about 0.5 s between reports, not 0.05 s
+    # (a loaded machine only makes the gap longer; the margin is for a late first report).
     gap = (arrived[-1].occurred_at - arrived[-2].occurred_at).total_seconds()
-    assert 0.4 <= gap <= 1.5
+    assert gap >= 0.25
 
     await send(agent, centre, ProbeNode(node_id=NODE), seq=3)
     results = sinks[Topic.NODE_COMMAND_RESULTS].parsed(CommandResult)
@@ -224,21 +279,24 @@ async def test_interval_and_probe_commands_drive_the_loop(
 
 
 async def test_a_new_xid_is_reported_at_once_not_at_the_next_interval(
-    running: tuple[Agent, dict[Topic, Sink]], centre: Any
+    running: tuple[Agent, dict[Topic, Sink]], centre: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     agent, sinks = running
     reports = sinks[Topic.NODE_REPORTS]
+    watch = LoopWatch(agent, reports, monkeypatch)
     await agent.start_reporting()
     await wait_reports(reports, 1)
     # A long interval: without the urgent report, the fault would wait an hour.
     await send(agent, centre, SetReportInterval(node_id=NODE, interval_s=3_600.0), seq=1)
-    await asyncio.sleep(0.2)
-    before = len(reports.messages)
+    # Once the loop waits out the hour, no regular report comes (a report under way may land).
+    before = (await watch.next_checks(1))[0][1]
     write_faults(agent.state_dir, FaultPlan(xid=[79]))
-    arrived = await wait_reports(reports, before + 1, timeout_s=2.0)
+    arrived = await wait_reports(reports, before + 1)  # long before the hour is up
     assert [f.code for f in arrived[-1].faults if f.kind == "xid"] == [79]
-    await asyncio.sleep(0.6)
-    assert len(reports.messages) == before + 1  # once: the fault is now known to the centre
+    assert [due for due, _ in watch.checks].count(True) == 1
+    # Once: the fault is now known to the centre, and the loop waits out the hour again.
+    assert await watch.next_checks(3) == [(False, before + 1)] * 3
+    assert len(reports.messages) == before + 1
 
 
 async def test_a_deaf_node_answers_nothing(
@@ -253,18 +311,27 @@ async def test_a_deaf_node_answers_nothing(
     assert len(sinks[Topic.NODE_COMMAND_RESULTS].messages) == 1
 
 
-async def test_a_flapping_node_alternates(running: tuple[Agent, dict[Topic, Sink]]) -> None:
+async def test_a_flapping_node_alternates(
+    running: tuple[Agent, dict[Topic, Sink]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     agent, sinks = running
     reports = sinks[Topic.NODE_REPORTS]
+    watch = LoopWatch(agent, reports, monkeypatch)
     write_faults(agent.state_dir, FaultPlan(flap_s=0.3))
     await agent.start_reporting()
-    await asyncio.sleep(1.6)
-    times = [r.occurred_at for r in reports.parsed(NodeReport)]
-    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(times)]
-    assert len(times) >= 6
-    # Bursts at the report interval, separated by silences of about flap_s.
-    assert sum(1 for gap in gaps if gap >= 0.2) >= 2
-    assert sum(1 for gap in gaps if gap < 0.15) >= 4
+
+    def resumed() -> int:
+        """How often the loop went from a silent phase back to reporting."""
+        phases = [silent for silent, _ in itertools.groupby(s for s, _ in watch.ticks)]
+        return sum(1 for a, b in itertools.pairwise(phases) if a and not b)
+
+    # Bursts of reports separated by silences (phases of flap_s, however many ticks fit in).
+    await eventually(lambda: resumed() >= 2, "two silences, each followed by reports again")
+    ticks = list(watch.ticks)
+    for (silent, count), (_, next_count) in itertools.pairwise(ticks):
+        assert next_count - count == (0 if silent else 1), (silent, count, next_count)
+    # The checks above covered both phases (the last tick's report may still be on its way).
+    assert {silent for silent, _ in ticks[:-1]} == {True, False}
 
 
 async def test_reports_carry_peer_probes(
@@ -275,7 +342,7 @@ async def test_reports_carry_peer_probes(
     # This agent answers probes too, at the address it published.
     own = read_probe_addr(agent.state_dir / PROBE_FILE)
     assert own is not None
-    assert (await probe_peer(NODE, own, timeout_s=1.0)).reachable
+    assert (await probe_peer(NODE, own, timeout_s=10.0)).reachable
 
     peer = EchoListener(agents_dir / "node-002")
     await peer.start()
@@ -284,7 +351,7 @@ async def test_reports_carry_peer_probes(
     try:
         await agent.start_reporting()
         reports = sinks[Topic.NODE_REPORTS]
-        async with asyncio.timeout(5), reports.arrived:
+        async with asyncio.timeout(DEADLINE_S), reports.arrived:
             await reports.arrived.wait_for(
                 lambda: any(NodeReport.model_validate_json(body).peer_probes
                             for _, body in reports.messages)
@@ -314,7 +381,7 @@ async def test_real_jobs_start_after_the_first_report_and_stop_with_the_agent(
             await agent.start_reporting()
             first = (await wait_reports(reports, 1))[0]
             assert [(j.job_id, j.state) for j in first.jobs] == [("node-001.train", "starting")]
-            running = await wait_last_report(reports, lambda r: r.jobs[0].state == "running", 20)
+            running = await wait_last_report(reports, lambda r: r.jobs[0].state == "running")
             assert running.gpus[0].utilization_pct > 50.0  # the real job loads its GPU
             # Offline stops the job at once (checkpoint, exit), not at the next report.
             await send(agent, centre, DrainNode(node_id=NODE), seq=1)
@@ -327,7 +394,9 @@ async def test_real_jobs_start_after_the_first_report_and_stop_with_the_agent(
     assert (job_dir(agent.state_dir, "node-001.train") / CHECKPOINT_FILE).exists()
 
 
-async def wait_results(sink: Sink, count: int, timeout_s: float = 5.0) -> list[CommandResult]:
+async def wait_results(
+    sink: Sink, count: int, timeout_s: float = DEADLINE_S
+) -> list[CommandResult]:
     async with asyncio.timeout(timeout_s), sink.arrived:
         await sink.arrived.wait_for(lambda: len(sink.messages) >= count)
     return sink.parsed(CommandResult)
@@ -434,7 +503,7 @@ async def test_an_xid_migration_between_two_real_agents(
                 await agent.start_reporting()
             a_reports, a_results = sinks[a]
             b_reports, b_results = sinks[b]
-            await wait_last_report(a_reports, lambda r: r.jobs[0].progress_pct > 0.1, 30)
+            await wait_last_report(a_reports, lambda r: r.jobs[0].progress_pct > 0.1)
             for seq, action in enumerate([DrainNode(node_id=NODE), OfflineNode(node_id=NODE)]):
                 await publish_command(a, centre.command(action, seq=seq + 1,
                                                         issued_at=now_utc()))
@@ -443,7 +512,7 @@ async def test_an_xid_migration_between_two_real_agents(
                 MigrateJob(node_id=NODE, job_id=job, to_node_id="standby-1"), seq=3,
                 issued_at=now_utc(),
             ))
-            migrated = (await wait_results(a_results, 3, timeout_s=20.0))[-1]
+            migrated = (await wait_results(a_results, 3))[-1]
             assert (migrated.action, migrated.outcome) == ("migrate_job", "succeeded")
             gone = await wait_last_report(a_reports, lambda r: r.jobs == [])
             assert gone.mode == "offline"
@@ -456,7 +525,7 @@ async def test_an_xid_migration_between_two_real_agents(
             assert started.outputs["resumed_step"] == migrated.outputs["step"]
             progressed = await wait_last_report(
                 b_reports, lambda r: bool(r.jobs) and r.jobs[0].state == "running"
-                and r.jobs[0].progress_pct > float(migrated.outputs["progress_pct"]), 30,
+                and r.jobs[0].progress_pct > float(migrated.outputs["progress_pct"]),
             )
             assert [j.job_id for j in progressed.jobs] == [job]
             # Every B report after the start shows progress from A's, never from 0 %.

@@ -15,6 +15,7 @@ import pytest
 from agent.device import NvmlProbe, SimulatedProbe, XidBuffer, open_probe
 from agent.faults import gpu_faults
 from schemas.events.v1 import GpuMetrics, JobInfo
+from tests.waiting import DEADLINE_S
 
 # ---------------------------------------------------------------- simulated
 
@@ -209,7 +210,9 @@ class FakeNvml:
         )
 
 
-def read_until(probe: Any, now: datetime, wanted: int, timeout_s: float = 5.0) -> list[GpuMetrics]:
+def read_until(
+    probe: Any, now: datetime, wanted: int, timeout_s: float = DEADLINE_S
+) -> list[GpuMetrics]:
     """Read until some GPU shows an XID (the event thread delivers asynchronously)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -227,7 +230,7 @@ def test_nvml_path_reports_xid_and_ecc(now: datetime) -> None:
         assert isinstance(probe, NvmlProbe)
         assert probe.source == "nvml"
         assert fake.registered == [(0, 8), (1, 8)]  # XID events only, masked by support
-        assert fake.waiting.wait(5.0)
+        assert fake.waiting.wait(DEADLINE_S), "the event thread never waited for events"
         fake.emit(0, FakeNvml.nvmlEventTypeSingleBitEccError, 0)  # not an XID: ignored
         fake.emit(0, FakeNvml.nvmlEventTypeXidCriticalError, 79)
 

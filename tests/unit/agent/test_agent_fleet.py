@@ -38,6 +38,7 @@ from agent.jobs import PID_FILE as JOB_PID_FILE
 from agent.jobs import job_dir
 from agent.ml.runtime import STATUS_FILE
 from agent.peers import PROBE_FILE, PeerProber, read_probe_addr
+from tests.waiting import DEADLINE_S, wait_until
 
 
 def closed_port() -> int:
@@ -46,7 +47,7 @@ def closed_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def wait_for_log(path: Path, text: str, timeout_s: float = 30.0) -> str:
+def wait_for_log(path: Path, text: str, timeout_s: float = DEADLINE_S) -> str:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         content = path.read_text() if path.exists() else ""
@@ -85,7 +86,9 @@ def test_fleet_up_kill_and_down(tmp_path: Path, centre: object) -> None:
         # They answer their peers' probes before Kafka is reachable at all.
         for process in agents:
             wait_for_file(process.state_dir / PROBE_FILE)
-        probes = asyncio.run(PeerProber("node-001", tmp_path / "agents").probe_round())
+        # (A live agent answers as soon as it can; the timeout only bounds a stuck one.)
+        prober = PeerProber("node-001", tmp_path / "agents", timeout_s=DEADLINE_S)
+        probes = asyncio.run(prober.probe_round())
         assert [(p.peer_node_id, p.reachable) for p in probes] == [("node-002", True)]
 
         # Starting a node twice never makes a second agent with the same identity.
@@ -96,10 +99,10 @@ def test_fleet_up_kill_and_down(tmp_path: Path, centre: object) -> None:
         assert again.pid == agents[0].pid
 
         assert kill_agent(tmp_path, "node-002")
-        assert not is_alive(agents[1].pid)
+        wait_until(lambda: not is_alive(agents[1].pid), "the killed agent is gone")
         # A killed agent leaves its address behind, and no longer answers at it.
         assert read_probe_addr(agents[1].state_dir / PROBE_FILE) is not None
-        probes = asyncio.run(PeerProber("node-001", tmp_path / "agents").probe_round())
+        probes = asyncio.run(prober.probe_round())
         assert [(p.peer_node_id, p.reachable) for p in probes] == [("node-002", False)]
         assert pid_path(tmp_path, "node-002").exists()  # a crash leaves its pid file
         assert agent_status(tmp_path) == {"node-001": True, "node-002": False}
@@ -122,7 +125,7 @@ def test_fleet_up_kill_and_down(tmp_path: Path, centre: object) -> None:
     assert (tmp_path / "agents" / "node-001" / "journal.sqlite3").exists()
 
 
-def wait_for_file(path: Path, timeout_s: float = 30.0) -> None:
+def wait_for_file(path: Path, timeout_s: float = DEADLINE_S) -> None:
     deadline = time.monotonic() + timeout_s
     while not path.exists():
         assert time.monotonic() < deadline, f"{path} never appeared"
@@ -182,7 +185,7 @@ def test_leftover_jobs_are_reaped(tmp_path: Path) -> None:
         os.kill(job.pid, signal.SIGSTOP)  # frozen by a hung_job fault: it cannot notice
         pid_path(tmp_path, "node-001").write_text(f"{os.getpid()}\n")  # not an agent
         assert fleet_down(tmp_path) == []
-        assert job.wait(timeout=10) is not None
+        assert job.wait(timeout=DEADLINE_S) is not None
         assert job_pids(tmp_path, "node-001") == {}
     finally:
         job.kill()

@@ -25,11 +25,23 @@ from agent.jobs import (
 )
 from agent.ml.runtime import CHECKPOINT_FILE, STATUS_FILE
 from schemas.events.v1 import JobInfo, now_utc
+from tests.waiting import DEADLINE_S, wait_until
 
 FAST = ("--status-every", "0.1", "--step-sleep", "0.005", "--nice", "0")
 TRAIN = JobSpec("node-001.train", "training", "agent.ml.train", (0,),
                 (*FAST, "--checkpoint-every", "0.3"))
 INFER = JobSpec("node-001.infer", "inference", "agent.ml.infer", (1,), FAST)
+HUNG_AFTER_S = 30.0  # far longer than any test waits: a job is hung when the test says so
+
+
+class Clock:
+    """The manager's clock: time.monotonic, plus whatever the test skipped ahead."""
+
+    def __init__(self) -> None:
+        self.skipped = 0.0
+
+    def __call__(self) -> float:
+        return time.monotonic() + self.skipped
 
 
 def test_specs_follow_the_names() -> None:
@@ -61,14 +73,21 @@ def test_what_runs_in_which_mode(kind: str, mode: str, runs: bool) -> None:
 
 
 @pytest.fixture
-def manager(tmp_path: Path) -> Iterator[JobManager]:
-    jobs = JobManager([TRAIN, INFER], tmp_path, hung_after_s=1.0, stop_timeout_s=5.0)
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def manager(tmp_path: Path, clock: Clock) -> Iterator[JobManager]:
+    # close() waits up to stop_timeout_s for the clean stop (checkpoint, exit) before a kill.
+    jobs = JobManager([TRAIN, INFER], tmp_path, hung_after_s=HUNG_AFTER_S,
+                      stop_timeout_s=DEADLINE_S, clock=clock)
     yield jobs
     jobs.close()
 
 
 def wait_for(
-    manager: JobManager, check: Callable[[list[JobInfo]], bool], timeout_s: float = 20.0
+    manager: JobManager, check: Callable[[list[JobInfo]], bool], timeout_s: float = DEADLINE_S
 ) -> list[JobInfo]:
     deadline = time.monotonic() + timeout_s
     jobs = manager.snapshot(now_utc())
@@ -117,32 +136,29 @@ def test_jobs_start_when_told_run_and_stop(manager: JobManager, tmp_path: Path) 
     assert not (job_dir(tmp_path, TRAIN.job_id) / PID_FILE).exists()
 
 
-def proc_state(pid: int, expected: str, timeout_s: float = 2.0) -> str:
-    """The kernel's one-letter state of a process (T: stopped), once it is `expected`."""
-    # Signals are delivered asynchronously: the state changes a moment after kill().
-    deadline = time.monotonic() + timeout_s
-    while True:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        if (state == "T") == (expected == "T") or time.monotonic() > deadline:
-            return state
-        time.sleep(0.01)
+def proc_state(pid: int) -> str:
+    """The kernel's one-letter state of a process (T: stopped)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
-def test_hung_job_fault_freezes_a_real_job(manager: JobManager) -> None:
+def test_hung_job_fault_freezes_a_real_job(manager: JobManager, clock: Clock) -> None:
     manager.start()
     wait_for(manager, lambda j: states(j) == ["running", "running"])
     pid = manager.pids()["node-001.train"]
 
     manager.reconcile("active", FaultPlan(hung_job=True))
-    assert proc_state(pid, "T") == "T"  # really frozen, not just reported so
+    # Really frozen, not just reported so (signals are delivered a moment after kill()).
+    wait_until(lambda: proc_state(pid) == "T", f"job pid {pid} stopped")
     # Not hung until no progress was seen for hung_after_s; the inference job is untouched.
     assert states(manager.snapshot(now_utc()))[0] != "hung"
-    jobs = wait_for(manager, lambda j: states(j) == ["hung", "running"], timeout_s=5.0)
+    clock.skipped += HUNG_AFTER_S + 1.0  # no progress for longer than that, from now on
+    # The inference job shows progress again at its next status; the frozen one never does.
+    jobs = wait_for(manager, lambda j: states(j) == ["hung", "running"])
     assert jobs[0].throughput == 0.0
 
     manager.reconcile("active", FaultPlan())
-    assert proc_state(pid, "running") != "T"
-    wait_for(manager, lambda j: states(j) == ["running", "running"], timeout_s=5.0)
+    wait_until(lambda: proc_state(pid) != "T", f"job pid {pid} thawed")
+    wait_for(manager, lambda j: states(j) == ["running", "running"])
     assert manager.pids()["node-001.train"] == pid  # the same process, thawed
 
 

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
@@ -36,6 +37,7 @@ from schemas.events.v1 import (
     now_utc,
 )
 from tests.unit.agent.conftest import Centre, Node, open_node
+from tests.waiting import DEADLINE_S, eventually
 
 NODE, OTHER = "node-001", "node-002"
 TRAIN = f"{NODE}.train"
@@ -49,8 +51,10 @@ NodeFactory = Callable[..., Node[JobManager]]
 
 def manager(state_dir: Path, node_id: str, own_job: bool) -> JobManager:
     specs = [JobSpec(f"{node_id}.train", "training", "agent.ml.train", (0,), ARGS["training"])]
+    # A job stopped for good gets DEADLINE_S to checkpoint and exit before it is killed: the
+    # tests wait for the clean stop, which a loaded machine may only make slower.
     return JobManager(specs if own_job else [], state_dir, hung_after_s=30.0,
-                      stop_timeout_s=5.0, args_by_kind=ARGS)
+                      stop_timeout_s=DEADLINE_S, args_by_kind=ARGS)
 
 
 @pytest.fixture
@@ -64,7 +68,7 @@ async def nodes(
         state_dir = tmp_path / "agents" / node_id
         state_dir.mkdir(parents=True, exist_ok=True)
         node = open_node(node_id, state_dir, manager(state_dir, node_id, own_job), centre, now,
-                         store, stop_timeout_s=5.0)
+                         store, stop_timeout_s=DEADLINE_S)
         node.jobs.start()
         made.append(node)
         return node
@@ -78,7 +82,7 @@ async def nodes(
 
 async def until(
     node: Node[JobManager], job_id: str, check: Callable[[JobView], bool],
-    timeout_s: float = 20.0,
+    timeout_s: float = DEADLINE_S,
 ) -> JobView:
     """Tend the node's jobs (as the agent does) until the job's view passes `check`."""
     deadline = time.monotonic() + timeout_s
@@ -90,6 +94,11 @@ async def until(
             return view
         await asyncio.sleep(0.05)
     raise AssertionError(f"{job_id} on {node.node_id} never matched: {view}")
+
+
+def proc_state(pid: int) -> str:
+    """The kernel's one-letter state of a process (T: stopped)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
 def status(node: Node[JobManager], job_id: str) -> dict[str, Any]:
@@ -139,7 +148,9 @@ async def test_a_running_job_migrates_with_the_checkpoint_it_writes_as_it_stops(
     source = nodes(NODE)
     await until(source, TRAIN, lambda v: v.state == "running" and v.step >= 10)
     pid = source.jobs.pids()[TRAIN]
-    migrated = await source.run(MigrateJob(node_id=NODE, job_id=TRAIN, checkpoint_timeout_s=20))
+    migrated = await source.run(
+        MigrateJob(node_id=NODE, job_id=TRAIN, checkpoint_timeout_s=DEADLINE_S)
+    )
     assert migrated.outcome == "succeeded"
     assert status(source, TRAIN)["state"] == "stopped"  # SIGTERM: a clean stop, not a kill
     assert migrated.outputs["step"] == status(source, TRAIN)["step"]
@@ -154,14 +165,26 @@ async def test_a_running_job_migrates_with_the_checkpoint_it_writes_as_it_stops(
 
 async def test_a_checkpoint_timeout_leaves_the_job_running_here(nodes: NodeFactory) -> None:
     source = nodes(NODE)
-    await until(source, TRAIN, lambda v: v.state == "running")
-    failed = await source.run(
-        MigrateJob(node_id=NODE, job_id=TRAIN, checkpoint_timeout_s=0.001)
-    )
-    assert (failed.outcome, failed.reason) == ("failed", "checkpoint_timeout")
-    # It had been asked to stop: it comes back, from the checkpoint it wrote.
+    # Running, with a checkpoint on disk already (so it resumes from one whatever happens).
+    await until(source, TRAIN, lambda v: v.state == "running"
+                and (job_dir(source.state_dir, TRAIN) / CHECKPOINT_FILE).exists())
+    pid = source.jobs.pids()[TRAIN]
+    # A job that cannot checkpoint in time, however fast the machine: frozen (outside the
+    # agent's knowledge), it keeps SIGTERM pending and never exits, so any timeout fires.
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        await eventually(lambda: proc_state(pid) == "T", f"job pid {pid} stopped")
+        failed = await source.run(
+            MigrateJob(node_id=NODE, job_id=TRAIN, checkpoint_timeout_s=0.2)
+        )
+        assert (failed.outcome, failed.reason) == ("failed", "checkpoint_timeout")
+        assert source.jobs.pids() == {TRAIN: pid}  # still here: not exported, not given up
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    # It had been asked to stop: thawed, it checkpoints, exits and comes back from that.
     await until(source, TRAIN, lambda v: v.state == "running"
                 and status(source, TRAIN).get("resumed_from_step") is not None)
+    assert source.jobs.pids()[TRAIN] != pid
     assert source.job_ids() == [TRAIN]
 
 
@@ -178,7 +201,8 @@ async def test_a_cancel_before_the_migration_ran_leaves_the_job_alone(
     assert cancel.outputs["cancelled"] is True
     with contextlib.suppress(asyncio.CancelledError):
         await task
-    await asyncio.sleep(0.05)  # its answer is published from a callback
+    # Its answer is published from a callback, a moment later.
+    await eventually(lambda: source.published, "the cancelled migration's answer")
     assert [(r.command_id, r.outcome, r.reason) for r in source.published] == [
         (command_id, "failed", "cancelled")
     ]

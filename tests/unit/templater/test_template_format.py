@@ -3,6 +3,10 @@ field, the registry, and the lock keys of execution counts and relations."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from datetime import UTC, datetime
 from itertools import product
 from pathlib import Path
@@ -277,7 +281,40 @@ def test_execution_count_n_spreads_targets_over_n_slots(tmp_path: Path) -> None:
         for i in range(40)
     }
     assert slots == {f"tpl.drain_only.local.{i}" for i in range(4)}
-    assert slot_of("node-007", 4) == slot_of("node-007", 4)
+
+
+SLOT_TARGETS = [f"node-{i:03}" for i in range(40)] + ["gpu-a100-x", "ñode-ü", ""]
+SLOT_COUNTS = [1, 2, 3, 4, 7, 16]
+SLOTS_SCRIPT = (
+    "import json, sys\n"
+    "from services.templater.locks import slot_of\n"
+    "targets, counts = json.loads(sys.argv[1])\n"
+    "print(json.dumps([[slot_of(t, n) for n in counts] for t in targets]))\n"
+)
+
+
+def slots_in_a_new_process(hash_seed: str) -> list[list[int]]:
+    """slot_of of every SLOT_TARGETS x SLOT_COUNTS, computed by a fresh interpreter whose
+    str hash is salted with `hash_seed`."""
+    done = subprocess.run(
+        [sys.executable, "-c", SLOTS_SCRIPT, json.dumps([SLOT_TARGETS, SLOT_COUNTS])],
+        env={**os.environ, "PYTHONHASHSEED": hash_seed},
+        cwd=Path(__file__).resolve().parents[3],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    slots: list[list[int]] = json.loads(done.stdout)
+    return slots
+
+
+def test_a_targets_slot_is_the_same_in_every_process() -> None:
+    # Each process (scheduler, templater replicas) computes the slot on its own, and Python
+    # salts its str hash per process: two interpreters with different salts must agree.
+    first, second = slots_in_a_new_process("1"), slots_in_a_new_process("2")
+    here = [[slot_of(t, n) for n in SLOT_COUNTS] for t in SLOT_TARGETS]
+    assert first == second, "slot_of differs between processes with different hash seeds"
+    assert first == here, "slot_of differs between a new process and this one"
+    assert all(0 <= slot < n for row in here for slot, n in zip(row, SLOT_COUNTS, strict=True))
 
 
 @pytest.mark.parametrize(("a_slots", "b_slots"), [(1, 1), (1, 3), (4, 1), (3, 5)])
