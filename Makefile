@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 BIN := .venv/bin
 
-.PHONY: setup demo test lint typecheck unit up down bench asyncapi clean
+.PHONY: setup demo test test-random lint typecheck unit up down bench asyncapi clean
 
 setup:
 	@deploy/local/setup.sh
@@ -20,8 +20,14 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
+# Every test in a shuffled order (the seed is printed; `-p random_order --random-order-seed=N`
+# repeats one), to find tests that depend on the order they run in.
+test-random: setup
+	@deploy/local/test.sh --random-order-bucket=global
+
+# The pure tests only: no service, no browser. The summary says how many it left out.
 unit: setup
-	$(BIN)/python -m pytest tests/unit tests/contracts
+	$(BIN)/python -m pytest tests/unit tests/contracts -m unit
 
 up: setup
 	deploy/local/kafka.sh start

@@ -1,8 +1,10 @@
-"""Fixtures: the real Kafka broker and redis-server, found in the environment first.
+"""Fixtures: the real Kafka broker, redis-server, PostgreSQL and chromium, found in the
+environment (`make test` starts the servers from the project's own scripts and exports their
+addresses; deploy/local/chromium.sh installs the browser).
 
-`make test` starts both from the project's own scripts and exports their addresses. Where
-they are not set and a Docker engine answers, testcontainers starts them; otherwise the
-integration tests are skipped with the reason (and `make test` never lets that happen).
+A test that needs one of them fails, never skips, when it is missing: a green run with parts
+left out would hide exactly what the run is for. `make unit` runs only the tests that need
+none (tests/suite.py sorts the tests by what they need).
 
 `database_url` runs a test twice: on a SQLite file and on PostgreSQL (DATABASE_URL_POSTGRES,
 which `make test` exports after starting deploy/local/postgres.sh), each time on an empty
@@ -12,7 +14,8 @@ database of its own.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
+import shutil
+from collections.abc import AsyncIterator
 from pathlib import Path
 from uuid import uuid4
 
@@ -22,47 +25,32 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
 
-def _docker_engine_available() -> bool:
-    try:
-        import docker
-
-        client = docker.from_env(timeout=2)
-    except Exception:
-        return False
-    try:
-        client.ping()
-        return True
-    except Exception:
-        return False
-    finally:
-        client.close()  # its socket, left open, is a ResourceWarning (an error here)
+def required(variable: str, what: str) -> str:
+    """The address of a service the test needs, from the environment, or a failed test."""
+    if value := os.getenv(variable):
+        return value
+    pytest.fail(f"{what} is needed and {variable} is not set: run `make test` (it starts "
+                f"the services), or `make up` and `source deploy/local/env.sh`", pytrace=False)
 
 
 @pytest.fixture(scope="session")
-def kafka_bootstrap() -> Iterator[str]:
-    if url := os.getenv("KAFKA_BOOTSTRAP_SERVERS"):
-        yield url
-        return
-    if not _docker_engine_available():
-        pytest.skip("no KAFKA_BOOTSTRAP_SERVERS and no Docker engine (run `make test`)")
-    from testcontainers.community.kafka import KafkaContainer
-
-    with KafkaContainer("confluentinc/cp-kafka:7.6.0").with_kraft() as kafka:
-        yield kafka.get_bootstrap_server()
+def kafka_bootstrap() -> str:
+    return required("KAFKA_BOOTSTRAP_SERVERS", "the Kafka broker")
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    if url := os.getenv("REDIS_URL"):
-        yield url
-        return
-    if not _docker_engine_available():
-        pytest.skip("no REDIS_URL and no Docker engine (run `make test`)")
-    from testcontainers.community.redis import RedisContainer
+def redis_url() -> str:
+    return required("REDIS_URL", "redis-server")
 
-    with RedisContainer("redis:7.4") as redis:
-        host, port = redis.get_container_host_ip(), redis.get_exposed_port(6379)
-        yield f"redis://{host}:{port}/0"
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Debian's chromium (CHROMIUM names another one); the tests never download a browser."""
+    path = os.getenv("CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"no chromium at {path}: deploy/local/chromium.sh installs Debian's",
+                    pytrace=False)
+    return path
 
 
 @pytest.fixture
@@ -77,9 +65,7 @@ async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncI
     if request.param == "sqlite":
         yield f"sqlite+aiosqlite:///{tmp_path / 'warden.db'}"
         return
-    base = os.getenv("DATABASE_URL_POSTGRES")
-    if not base:
-        pytest.skip("no DATABASE_URL_POSTGRES (run `make test`, which starts PostgreSQL)")
+    base = required("DATABASE_URL_POSTGRES", "PostgreSQL")
     name = f"t_{uuid4().hex[:20]}"
     # CREATE/DROP DATABASE cannot run inside a transaction.
     admin = create_async_engine(base, isolation_level="AUTOCOMMIT")

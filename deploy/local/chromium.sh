@@ -9,7 +9,8 @@
 # everything else and is updated with the system.
 #
 # Environment:
-#   CHROMIUM   a browser to use instead (its path is checked and printed; nothing installed)
+#   CHROMIUM   a browser to use instead (checked to start, and printed; nothing installed).
+#              The browser tests read the same variable, which deploy/local/test.sh exports.
 set -euo pipefail
 
 say() { printf 'chromium: %s\n' "$*" >&2; }
@@ -55,12 +56,10 @@ apt_install() {
 }
 
 if [[ -n "${CHROMIUM:-}" ]]; then
+    # A browser named by hand is used as it is (nothing installed), and checked like ours.
     [[ -x "${CHROMIUM}" ]] || die "CHROMIUM=${CHROMIUM} is not an executable"
-    printf '%s\n' "${CHROMIUM}"
-    exit 0
-fi
-
-if ! path="$(find_chromium)"; then
+    path="${CHROMIUM}"
+elif ! path="$(find_chromium)"; then
     # fonts-liberation: without a font package the headless pages (and the README's
     # screenshots) render text as boxes on a minimal image.
     apt_install chromium fonts-liberation

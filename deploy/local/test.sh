@@ -14,12 +14,16 @@ COMPONENT="$(basename "$0" .sh)"
 # shellcheck source=deploy/local/common.sh
 source deploy/local/common.sh
 start_missing_services
-# The console's browser test drives Debian's chromium (installed here when missing).
-deploy/local/chromium.sh >/dev/null
+# The console's browser tests drive Debian's chromium (installed here when missing), the very
+# browser checked here: the tests' `chromium` fixture reads CHROMIUM.
+CHROMIUM="$(deploy/local/chromium.sh)"
+export CHROMIUM
 
 echo "== lint (ruff)"
 "${BIN}/ruff" check .
 echo "== type check (mypy --strict)"
 "${BIN}/mypy"
-echo "== tests (unit, contract, integration against ${KAFKA_BOOTSTRAP_SERVERS} and ${REDIS_URL})"
-"${BIN}/python" -m pytest "$@"
+echo "== tests (unit, service, integration, browser against ${KAFKA_BOOTSTRAP_SERVERS}, ${REDIS_URL}, ${DATABASE_URL_POSTGRES} and ${CHROMIUM})"
+# --complete: the run fails if a kind of test ran no test or a test was skipped without a
+# reviewed reason (tests/suite.py), so a missing service can never pass as green.
+"${BIN}/python" -m pytest --complete "$@"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -17,6 +16,7 @@ from schemas.events.v1 import TaskEvent
 from schemas.topics import Topic, topic_name
 from services import launcher
 from services.shared.messaging import delete_topics, ensure_topics
+from tests.waiting import eventually
 
 
 class Record(Protocol):
@@ -48,9 +48,13 @@ class Tap:
     records: list[Record] = field(default_factory=list)
 
     async def wait_for(self, predicate: Callable[[Record], bool], timeout_s: float,
-                       what: str) -> Record:
+                       what: str, *, start: int = 0) -> Record:
+        """The first record (from index `start` of `records` on) that satisfies `predicate`.
+
+        `start=len(tap.records)` looks only at what arrives from now on: without it a record
+        read earlier (say, a node's previous "down") satisfies the wait at once."""
         deadline = time.monotonic() + timeout_s
-        seen = 0
+        seen = start
         while True:
             for record in self.records[seen:]:
                 if predicate(record):
@@ -61,6 +65,38 @@ class Tap:
             batches = await self.consumer.getmany(timeout_ms=250)
             for recs in batches.values():
                 self.records.extend(recs)
+
+    async def catch_up(self, timeout_s: float = 60.0) -> None:
+        """Read everything published to the tapped topics until now (not for a while)."""
+        self.records.extend(await read_to_end(self.consumer, timeout_s, "the tapped topics"))
+
+
+async def read_to_end(consumer: AIOKafkaConsumer, timeout_s: float,
+                      what: str) -> list[Record]:
+    """The records from the consumer's position to the end its partitions have now.
+
+    The end offsets are taken once, at the call: whatever was published before it is read,
+    however slow the broker, and the call ends as soon as it is (no idle timeout)."""
+    deadline = time.monotonic() + timeout_s
+    records: list[Record] = []
+
+    def expired() -> bool:
+        return time.monotonic() > deadline
+
+    while not consumer.assignment():  # a consumer just started has no partitions yet
+        if expired():
+            raise AssertionError(f"timed out after {timeout_s}s waiting for the partitions "
+                                 f"of {what}")
+        for recs in (await consumer.getmany(timeout_ms=100)).values():
+            records.extend(recs)
+    partitions = list(consumer.assignment())
+    ends = await consumer.end_offsets(partitions)
+    while [tp for tp in partitions if await consumer.position(tp) < ends[tp]]:
+        if expired():
+            raise AssertionError(f"timed out after {timeout_s}s reading {what} to its end")
+        for recs in (await consumer.getmany(timeout_ms=250)).values():
+            records.extend(recs)
+    return records
 
 
 @asynccontextmanager
@@ -134,17 +170,13 @@ def name(topic: Topic, namespace: str) -> str:
     return topic_name(topic, namespace)
 
 
-async def until(check: Callable[[], object], timeout_s: float, what: str) -> None:
-    """Poll an async-or-sync check until it returns truthy."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+async def until(check: Callable[[], object], timeout_s: float,
+                what: str | Callable[[], str]) -> None:
+    """Poll an async-or-sync check until it returns truthy, at a service's pace (0.2 s).
+
+    `what` may be a function: it is called on timeout, so the message can say how far the
+    condition got (the figures it was judged on)."""
+    await eventually(check, what, timeout_s=timeout_s, poll_s=0.2)
 
 
 def is_up(node: str) -> Callable[[Record], bool]:

@@ -8,7 +8,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from redis.asyncio import Redis
 
 from agent import fleet
@@ -30,8 +29,6 @@ from tests.integration.harness import (
     tap,
     task_events_for,
 )
-
-pytestmark = pytest.mark.integration
 
 GENTLE = BreakerConfig(disruptive=False, wait_s=0.0)
 

@@ -15,7 +15,6 @@ from datetime import timedelta
 from pathlib import Path
 from uuid import UUID, uuid4
 
-import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -44,8 +43,6 @@ from services.shared.signing import (
     unb64url,
 )
 from tests.integration.harness import Record, Tap, name, producer, tap
-
-pytestmark = pytest.mark.integration
 
 NODE = "node-001"
 CLUSTER = "itest"

@@ -34,16 +34,21 @@ from services.shared.registry import register
 from services.shared.signing import ensure_keypair
 from services.store.db import migrate
 from tests.integration.harness import services, stack_env, until
-from tests.integration.test_console import chromium, free_port, screenshot, wait_healthy
-
-pytestmark = pytest.mark.integration
+from tests.integration.test_console import (
+    WAIT_MS,
+    free_port,
+    screenshot,
+    wait_healthy,
+)
 
 CLUSTER = "itest"
 FLEET = {"node-001": "digits-knn@1,digits-logreg@1", "node-002": "digits-knn@1"}
 OPERATOR_TOKEN = "console-ml-operator-token-0123456789"
 VIEWER_TOKEN = "console-ml-viewer-token-0123456789"
-MS = 1000
 MORE = 4
+# Every `expect` waits up to WAIT_MS for its condition (not Playwright's 5 s): as in
+# test_console, which sets the same.
+expect.set_options(timeout=WAIT_MS)
 
 
 async def sign_in(page: Page, base: str, token: str, route: str) -> None:
@@ -70,14 +75,12 @@ async def models_ready(base: str, token: str) -> bool:
     return ready >= {(node, m) for node, ms in FLEET.items() for m in ms.split(",")}
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)  # the waits' own deadlines, not this, are what should fail
 @pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 async def test_an_ml_task_and_its_decision_in_the_console(
-    kafka_bootstrap: str, redis_url: str, namespace: str, database_url: str, tmp_path: Path
+    kafka_bootstrap: str, redis_url: str, namespace: str, database_url: str, tmp_path: Path,
+    chromium: str,
 ) -> None:
-    browser_path = chromium()
-    if browser_path is None:
-        pytest.skip("Debian's chromium is not installed (deploy/local/chromium.sh installs it)")
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = stack_env(
@@ -97,12 +100,13 @@ async def test_an_ml_task_and_its_decision_in_the_console(
                               state_dir=tmp_path, env=env, trusted_keys=[public],
                               interval_s=1.0, jobs="", models=models)
         try:
-            await wait_healthy(base, 60)
-            await until(lambda: models_ready(base, OPERATOR_TOKEN), 90, "every model ready")
+            await wait_healthy(base, 120)
+            await until(lambda: models_ready(base, OPERATOR_TOKEN), 180, "every model ready")
             async with async_playwright() as pw:
-                browser = await pw.chromium.launch(executable_path=browser_path, headless=True,
+                browser = await pw.chromium.launch(executable_path=chromium, headless=True,
                                                    args=["--no-sandbox"])
                 page = await browser.new_page(viewport={"width": 1440, "height": 900})
+                page.set_default_timeout(WAIT_MS)
                 errors: list[str] = []
                 page.on("pageerror", lambda err: errors.append(str(err)))
 
@@ -120,7 +124,7 @@ async def test_an_ml_task_and_its_decision_in_the_console(
                 await page.wait_for_url("**/#/mltask/*")
                 task_id = page.url.rsplit("/", 1)[1]
                 state = page.get_by_test_id("ml-task-state").locator(".badge")
-                await expect(state).to_have_text("succeeded", timeout=60 * MS)
+                await expect(state).to_have_text("succeeded")
                 async with httpx.AsyncClient(
                         base_url=base, timeout=10.0,
                         headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}) as api:
@@ -166,8 +170,7 @@ async def test_an_ml_task_and_its_decision_in_the_console(
                 await expect(done.get_by_test_id("ml-arm")).to_contain_text(chosen_arm)
                 await expect(done.locator("td").nth(3)).to_have_text("1")
                 failed = page.locator(f'tr[data-task-id="{bad_id}"]')
-                await expect(failed).to_have_attribute("data-state", "failed",
-                                                       timeout=60 * MS)
+                await expect(failed).to_have_attribute("data-state", "failed")
                 await expect(failed.get_by_test_id("ml-outcome")).to_have_text("bad input")
                 await page.select_option('select[name="state"]', "failed")
                 await expect(done).to_have_count(0)
@@ -175,7 +178,7 @@ async def test_an_ml_task_and_its_decision_in_the_console(
                 await page.select_option('select[name="state"]', "")
                 await expect(done).to_be_visible()
                 await expect(page.locator('tr[data-state="succeeded"]')).to_have_count(
-                    1 + MORE, timeout=60 * MS)
+                    1 + MORE)
                 await dismiss_flash(page)
                 await screenshot(page, "ml-tasks")
 
@@ -195,6 +198,7 @@ async def test_an_ml_task_and_its_decision_in_the_console(
 
                 # A viewer sees the task and its decision, and is offered no form.
                 viewer = await browser.new_page(viewport={"width": 1440, "height": 900})
+                viewer.set_default_timeout(WAIT_MS)
                 viewer.on("pageerror", lambda err: errors.append(str(err)))
                 await sign_in(viewer, base, VIEWER_TOKEN, f"mltask/{task_id}")
                 await expect(viewer.get_by_test_id("ml-task-state").locator(".badge")

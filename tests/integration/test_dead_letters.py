@@ -8,7 +8,6 @@ from collections.abc import Callable
 from pathlib import Path
 from uuid import uuid4
 
-import pytest
 from redis.asyncio import Redis
 
 from schemas.events.v1 import NodeReport, now_utc
@@ -17,8 +16,6 @@ from services.shared.redis_client import Keys, text
 from services.shared.registry import register
 from tests.contracts.examples import example
 from tests.integration.harness import Record, Tap, name, producer, services, stack_env, tap
-
-pytestmark = pytest.mark.integration
 
 
 def fresh_report(node: str = "node-002") -> NodeReport:

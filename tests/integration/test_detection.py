@@ -7,7 +7,6 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from redis.asyncio import Redis
 
 from agent import fleet
@@ -17,8 +16,6 @@ from services.shared.redis_client import Keys
 from services.shared.registry import register
 from services.shared.signing import ensure_keypair
 from tests.integration.harness import Record, Tap, name, services, stack_env, tap, until
-
-pytestmark = pytest.mark.integration
 
 
 def is_need_number(needs: Tap, n: int) -> Callable[[Record], bool]:

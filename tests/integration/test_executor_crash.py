@@ -32,8 +32,6 @@ from tests.integration.harness import (
     until,
 )
 
-pytestmark = pytest.mark.integration
-
 NODES = ["node-001", "node-002"]
 TARGET = "node-002"
 

@@ -36,7 +36,7 @@ from tests.integration.harness import (
     until,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.timeout(600)
 
 NODES = ["node-001", "node-002", "node-003", "node-004"]
 FINAL = ("succeeded", "failed", "terminated")

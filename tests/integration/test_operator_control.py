@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Literal
 from uuid import UUID, uuid4
 
-import pytest
 from aiokafka import AIOKafkaProducer
 
 from agent import fleet
@@ -44,8 +43,6 @@ from tests.integration.harness import (
     stack_env,
     tap,
 )
-
-pytestmark = pytest.mark.integration
 
 NODES = ["node-001", "node-002", "node-003"]
 DRAIN_TIMEOUT_S = 15  # the drain's deadline: when the executor asks the agent again

@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from agent import fleet
 from agent.jobs import job_dir
 from agent.ml.runtime import STATUS_FILE
@@ -25,8 +23,6 @@ from tests.integration.harness import (
     tap,
     until,
 )
-
-pytestmark = pytest.mark.integration
 
 JOB = "node-002.train"
 

@@ -26,7 +26,7 @@ from tests.integration.harness import (
     until,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.timeout(600)
 
 FLEET = ["node-001", "node-002"]
 STANDBY = "standby-1"

@@ -7,14 +7,10 @@ import time
 from pathlib import Path
 from uuid import uuid4
 
-import pytest
-
 from schemas.events.v1 import Alert, NodeStateName, OpsTask, PoolHealth, TaskEvent, now_utc
 from schemas.topics import Topic
 from tests.contracts.examples import example
 from tests.integration.harness import Tap, name, producer, services, stack_env, tap
-
-pytestmark = pytest.mark.integration
 
 
 def pool_health(states: dict[NodeStateName, int], unhealthy: float) -> PoolHealth:

@@ -8,8 +8,6 @@ import json
 import time
 from pathlib import Path
 
-import pytest
-
 from agent import fleet
 from schemas.topics import Topic
 from services.shared.registry import register
@@ -24,8 +22,6 @@ from tests.integration.harness import (
     tap,
     task_events_for,
 )
-
-pytestmark = pytest.mark.integration
 
 
 async def test_a_gpu_fault_and_a_stopped_heartbeat_each_become_a_succeeded_offline_task(

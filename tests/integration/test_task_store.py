@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from sqlalchemy import func, select
@@ -25,8 +24,6 @@ from services.store.queries import TaskFilter, get_task, list_tasks
 from services.store.views import TaskDetail
 from tests.integration.harness import name, producer, services, stack_env, until
 from tests.unit.store.scenario import RESOURCES, Story, scale_in_story
-
-pytestmark = pytest.mark.integration
 
 
 async def publish(bootstrap: str, topic: str, story: Story) -> None:

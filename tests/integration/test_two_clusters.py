@@ -5,16 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from agent import fleet
 from schemas.events.v1 import OpsNeed, PoolHealth
 from schemas.topics import Topic
 from services.shared.registry import register
 from services.shared.signing import ensure_keypair
 from tests.integration.harness import Record, name, services, stack_env, tap
-
-pytestmark = pytest.mark.integration
 
 
 def health_of(cluster: str) -> Callable[[Record], bool]:

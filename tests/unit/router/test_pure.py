@@ -13,7 +13,7 @@ from schemas.events.v1 import CommandResult, InferenceCause
 from services.router.decisions import POLICY_CAUSE, attributed_to, cause_of
 from services.router.registry import NodeModels, bounded, candidates, split_model
 from tests.contracts.examples import example
-from tests.unit.router.conftest import served
+from tests.unit.router.helpers import served
 
 NOW = 1_000.0
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 from typing import Any
 
@@ -13,11 +12,11 @@ from schemas.topics import Topic
 from services.router.registry import Registry
 from services.store.ml import MlRecorder
 from tests.contracts.examples import DIGIT, example
-from tests.unit.api.conftest import USERS, Api, read_events
+from tests.service.api.conftest import USERS, Api, read_events
 from tests.unit.store.test_ml_records import story
 
 
-@pytest.mark.skipif(not os.getenv("KAFKA_BOOTSTRAP_SERVERS"), reason="needs the real broker")
+@pytest.mark.usefixtures("kafka_bootstrap")  # the submission is read back from the broker
 async def test_a_submission_is_published_for_the_router(api: Api) -> None:
     response = await api.post("/api/ml/tasks", {"task_type": "digits", "input": DIGIT,
                                                 "deadline_s": 5.0, "priority": 2})

@@ -11,7 +11,7 @@ import pytest
 from schemas.events.v1 import TaskControl
 from schemas.topics import Topic
 from services.api.settings import ApiSettings
-from tests.unit.api.conftest import DEAD_KAFKA, USERS, Api, read_events, start
+from tests.service.api.conftest import DEAD_KAFKA, USERS, Api, read_events, start
 from tests.unit.api.stories import Ending, history, offline_task
 
 pytestmark = pytest.mark.usefixtures("kafka_bootstrap")

@@ -41,6 +41,7 @@ from services.shared.signing import (
     verifier_from_files,
 )
 from tests.contracts.examples import DIGIT, examples
+from tests.unit.router.helpers import served
 
 CLUSTER = "local"
 T0 = datetime(2026, 11, 30, 8, 0, 0, tzinfo=UTC)
@@ -75,13 +76,6 @@ class RecordingBus(EventBus):
         if self.down:
             raise ConnectionError("Kafka is down")
         self.sent.append((topic, event))
-
-
-def served(model: str, version: str, family: str, *, state: str = "ready",
-           limit: int = 4) -> ServedModel:
-    return ServedModel.model_validate({"task_type": "digits", "model": model,
-                                       "version": version, "family": family, "state": state,
-                                       "max_concurrency": limit})
 
 
 STANDARD = (("digits-logreg", "1", "logreg"), ("digits-mlp", "1", "mlp"),

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 
 from services import launcher
-from tests.unit.api.conftest import TOKENS, token_setting
+from tests.service.api.conftest import TOKENS, token_setting
 
 
 def free_port() -> int:

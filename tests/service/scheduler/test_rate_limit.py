@@ -9,7 +9,7 @@ from redis.asyncio import Redis
 
 from services.scheduler.rate_limit import RateLimiter
 from services.shared.redis_client import Keys, connect_redis
-from tests.unit.scheduler.helpers import Clock
+from tests.service.scheduler.helpers import Clock
 
 
 def limiter(redis: Redis, keys: Keys, clock: Clock, rate: float = 0.1,

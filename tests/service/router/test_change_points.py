@@ -7,7 +7,8 @@ from typing import Any
 from policy.config import SelectorConfig
 from policy.stats import ArmState, Counts, arm_key, decode_arm, decode_counts, model_key
 from services.shared.redis_client import text
-from tests.unit.router.conftest import CLUSTER, Harness, served
+from tests.service.router.conftest import CLUSTER, Harness
+from tests.unit.router.helpers import served
 
 MLP = "digits-mlp:1"
 

@@ -9,7 +9,7 @@ from redis.asyncio import Redis
 
 from services.scheduler.safety_store import SafetyStore
 from services.shared.redis_client import Keys, connect_redis
-from tests.unit.scheduler.helpers import task
+from tests.service.scheduler.helpers import task
 
 NOW = 1_800_000_000.0
 LAPSES = NOW + 3_600.0

@@ -7,7 +7,7 @@ from typing import Any
 from uuid import uuid4
 
 from services.api.auth import ROLES, Role
-from tests.unit.api.conftest import TOKENS, USERS, Api
+from tests.service.api.conftest import TOKENS, USERS, Api
 
 TASK = str(uuid4())
 REASON = {"reason": "checking roles"}

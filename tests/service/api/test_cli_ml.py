@@ -11,7 +11,7 @@ from schemas.events.v1 import NodeReport
 from services.router.registry import Registry
 from services.store.ml import MlRecorder
 from tests.contracts.examples import example
-from tests.unit.api.test_cli_api import Cli, warden  # noqa: F401  (the fixture)
+from tests.service.api.test_cli_api import Cli, warden  # noqa: F401  (the fixture)
 from tests.unit.store.test_ml_records import story
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from uuid import uuid4
 
-from tests.unit.api.conftest import Api, auth
+from tests.service.api.conftest import Api, auth
 from tests.unit.api.stories import START, history, offline_task
 
 

@@ -13,7 +13,8 @@ from schemas.events.v1 import ModelSelected, NodeReport, RunInference
 from services.router.decisions import replay_event
 from services.shared.redis_client import text
 from tests.contracts.examples import examples
-from tests.unit.router.conftest import CLUSTER, Harness, served
+from tests.service.router.conftest import CLUSTER, Harness
+from tests.unit.router.helpers import served
 
 
 def action_of(payload: Any) -> RunInference:

@@ -18,7 +18,7 @@ from services.scheduler.breaker import Outcome
 from services.shared.audit import AuditLog
 from services.shared.registry import register_nodes
 from tests.contracts.examples import example
-from tests.unit.api.conftest import USERS, Api, read_events
+from tests.service.api.conftest import USERS, Api, read_events
 from tests.unit.api.stories import offline_task
 
 CLUSTER = "c1"

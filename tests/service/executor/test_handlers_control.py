@@ -23,7 +23,7 @@ from schemas.events.v1 import (
 from services.executor.handlers import command_id_for
 from services.executor.ports import Waiting
 from services.shared.redis_client import Keys
-from tests.unit.executor.test_handlers import (
+from tests.service.executor.test_handlers import (
     CLUSTER,
     NODE,
     Harness,

@@ -1,4 +1,4 @@
-"""Fixtures for unit tests of Redis adapters: the real redis-server at REDIS_URL, and a fresh
+"""Fixtures for service tests of Redis adapters: the real redis-server at REDIS_URL, and a fresh
 key namespace per test whose keys are deleted afterwards."""
 
 from __future__ import annotations

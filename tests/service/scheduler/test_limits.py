@@ -1,0 +1,223 @@
+"""The scheduler's limits end to end on the real redis-server (the bus only records):
+breakers keyed on task.kind (per cluster or per node), agent rejections left out of the
+count, the offline budget and the rate limit holding tasks in the queue."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from schemas.events.v1 import Alert, OpsTask, TaskScheduled
+from schemas.topics import Topic
+from services.scheduler.breaker_store import BreakerStore
+from services.scheduler.handlers import Scheduler
+from services.scheduler.queue import TaskQueue
+from services.scheduler.rate_limit import RateLimiter
+from services.scheduler.safety_store import SafetyStore
+from services.scheduler.settings import SchedulerSettings
+from services.shared.redis_client import Keys
+from tests.service.scheduler.helpers import Clock, RecordingBus, final_event, pool_health, task
+
+
+def scheduler(redis: Redis, keys: Keys, clock: Clock, **settings: Any) -> Scheduler:
+    config = SchedulerSettings(**({"rate_burst": 100} | settings))
+    return Scheduler(config, TaskQueue(redis, keys), RecordingBus(),
+                     BreakerStore(redis, keys, config.breaker_config, clock=clock),
+                     SafetyStore(redis, keys, config.pool_health_ttl_s),
+                     RateLimiter(redis, keys, config.rate_per_s, config.rate_burst,
+                                 clock=clock))
+
+
+def bus(s: Scheduler) -> RecordingBus:
+    assert isinstance(s.bus, RecordingBus)
+    return s.bus
+
+
+def dispatched(s: Scheduler) -> list[str]:
+    """Targets of the tasks dispatched so far, in order."""
+    return [e.task.target for e in bus(s).on(Topic.OPS_TASKS_SCHEDULED)
+            if isinstance(e, TaskScheduled)]
+
+
+def alerts(s: Scheduler) -> list[Alert]:
+    return [e for e in bus(s).on(Topic.OPS_ALERTS) if isinstance(e, Alert)]
+
+
+async def queue(s: Scheduler, *tasks: OpsTask) -> None:
+    # Fresh health every time: the scheduler refuses health older than a minute.
+    await s.on_pool_health(pool_health({"up": 100}))  # a budget of 10
+    for t in tasks:
+        await s.on_task(t)
+
+
+async def fail(s: Scheduler, *tasks: OpsTask, cause: str = "failed") -> None:
+    """The final events of tasks that ran (indexed as `on_task` indexes them) and failed."""
+    for t in tasks:
+        await s.breakers.remember_task(t)
+        await s.on_task_event(final_event(t.task_id, "failed", cause))
+
+
+# ------------------------------------------------------------------ breaker scope and kind
+
+
+async def test_with_the_node_scope_a_bad_node_trips_only_its_own_breaker(
+        redis: Redis, keys: Keys, clock: Clock) -> None:
+    s = scheduler(redis, keys, clock, breaker_scope="node")
+    await fail(s, task("node-1"), task("node-1"), task("node-1"))
+    state, _ = await s.breakers.load("local", "offline@node-1")
+    assert state.status == "OPEN"
+    assert [a.dedup_key for a in alerts(s)] == ["breaker.local.offline.node-1"]
+
+    await queue(s, task("node-1"), task("node-2"))
+    await s.dispatch()
+    assert dispatched(s) == ["node-2"]
+    assert (await s.breakers.load("local", "offline"))[1] == 0  # the cluster one: untouched
+
+
+async def test_with_the_cluster_scope_failures_on_different_nodes_add_up(
+        redis: Redis, keys: Keys, clock: Clock) -> None:
+    s = scheduler(redis, keys, clock)
+    await fail(s, task("node-0"), task("node-1"), task("node-2"))
+    assert (await s.breakers.load("local", "offline"))[0].status == "OPEN"
+    await queue(s, task("node-9"))
+    await s.dispatch()
+    assert dispatched(s) == []
+
+
+async def test_breakers_key_on_the_task_kind_not_the_need_kind(
+        redis: Redis, keys: Keys, clock: Clock) -> None:
+    s = scheduler(redis, keys, clock)
+    await fail(s, *[task(f"node-{i}", kind="migrate") for i in range(3)])
+    assert (await s.breakers.load("local", "migrate"))[0].status == "OPEN"
+    assert (await s.breakers.load("local", "offline"))[1] == 0
+    # The parent offline task still runs; another migration does not.
+    await queue(s, task("node-7"), task("node-8", kind="migrate"))
+    await s.dispatch()
+    assert dispatched(s) == ["node-7"]
+
+
+async def test_without_the_index_the_executors_kind_output_names_the_breaker(
+        redis: Redis, keys: Keys, clock: Clock) -> None:
+    s = scheduler(redis, keys, clock)
+    for _ in range(3):
+        await s.on_task_event(final_event(task("n").task_id, "failed", "timeout",
+                                          kind="remove_node", need_kind="scale_in"))
+    assert (await s.breakers.load("local", "remove_node"))[0].status == "OPEN"
+    assert (await s.breakers.load("local", "scale_in"))[1] == 0
+
+
+# ------------------------------------------------------------------ agent rejections
+
+
+async def test_agent_rejections_are_not_counted_as_failures(
+        redis: Redis, keys: Keys, clock: Clock, caplog: pytest.LogCaptureFixture) -> None:
+    s = scheduler(redis, keys, clock)
+    rejected = [task(f"node-{i}") for i in range(5)]
+    caplog.set_level("INFO", logger="clusterwarden.scheduler")
+    await fail(s, *rejected, cause="rejected")
+    state, _ = await s.breakers.load("local", "offline")
+    assert (state.status, state.window) == ("CLOSED", ())
+    assert f"outcome of task {rejected[0].task_id} not counted" in caplog.text
+    assert alerts(s) == []
+
+    await fail(s, *[task(f"node-{i}") for i in range(3)], cause="children_failed")
+    assert (await s.breakers.load("local", "offline"))[0].status == "OPEN"
+
+
+async def test_a_rejected_half_open_trial_gives_the_trial_back(
+        redis: Redis, keys: Keys, clock: Clock) -> None:
+    # `online` is not disruptive: after the wait one trial may run.
+    s = scheduler(redis, keys, clock, breaker_wait_s=60.0)
+    await fail(s, *[task(f"node-{i}", kind="online") for i in range(3)])
+    clock.advance(61.0)
+    trial, other = task("node-5", kind="online"), task("node-6", kind="online")
+    await queue(s, trial)
+    await s.dispatch()
+    await queue(s, other)
+    await s.dispatch()
+    assert dispatched(s) == ["node-5"]
+    assert (await s.breakers.load("local", "online"))[0].status == "HALF_OPEN"
+
+    await fail(s, trial, cause="rejected")
+    state, _ = await s.breakers.load("local", "online")
+    assert (state.status, state.trial_task, state.openings) == ("OPEN", "", 1)
+    await s.dispatch()  # the next task is the new trial at once, no half-open limit to wait
+    assert dispatched(s) == ["node-5", "node-6"]
+
+
+async def test_a_trial_held_back_by_a_later_limit_gives_the_trial_back(
+        redis: Redis, keys: Keys, clock: Clock) -> None:
+    s = scheduler(redis, keys, clock, breaker_wait_s=60.0, rate_limited_kinds=("online",),
+                  rate_burst=1)
+    await fail(s, *[task(f"node-{i}", kind="online") for i in range(3)])
+    clock.advance(61.0)
+    assert (await s.rate_limiter.take("local", "online")).allowed  # the only token, gone
+    await queue(s, task("node-5", kind="online"))
+    await s.dispatch()
+    assert dispatched(s) == []
+    state, _ = await s.breakers.load("local", "online")
+    assert (state.status, state.trial_task) == ("OPEN", "")
+    clock.advance(10.0)
+    await s.dispatch()
+    assert dispatched(s) == ["node-5"]
+    assert (await s.breakers.load("local", "online"))[0].status == "HALF_OPEN"
+
+
+# ------------------------------------------------------------------ budget and rate limit
+
+
+async def test_the_rate_limit_holds_tasks_in_the_queue_until_a_token_is_due(
+        redis: Redis, keys: Keys, clock: Clock) -> None:
+    s = scheduler(redis, keys, clock, rate_burst=2, rate_per_s=0.1)
+    await queue(s, task("node-1"), task("node-2"), task("node-3"))
+    await s.dispatch()
+    first = dispatched(s)
+    assert len(first) == 2
+    assert await s.queue.depth() == 1
+    # The third was counted in the budget, then given its place back when refused a token.
+    assert await s.safety.in_flight("local", "default", time.time()) == 2
+    clock.advance(9.0)
+    await s.dispatch()
+    assert dispatched(s) == first
+    clock.advance(1.0)
+    await s.dispatch()
+    assert sorted(dispatched(s)) == ["node-1", "node-2", "node-3"]
+
+
+async def test_kinds_outside_the_rate_limit_take_no_token(
+        redis: Redis, keys: Keys, clock: Clock) -> None:
+    s = scheduler(redis, keys, clock, rate_burst=1)
+    await queue(s, *[task(f"node-{i}", kind="online") for i in range(3)],
+                task("node-8", kind="remove_node"), task("node-9", kind="remove_node"))
+    await s.dispatch()
+    sent = dispatched(s)
+    assert len([t for t in sent if t in ("node-8", "node-9")]) == 1
+    assert {"node-0", "node-1", "node-2"} <= set(sent)
+
+
+async def test_offline_and_remove_node_tasks_share_the_pool_budget(
+        redis: Redis, keys: Keys, clock: Clock) -> None:
+    s = scheduler(redis, keys, clock)
+    await s.on_pool_health(pool_health({"up": 10}))  # roundup(10%) = 1
+    budgeted = {"node-1": task("node-1"), "node-2": task("node-2", kind="remove_node")}
+    for t in (*budgeted.values(), task("node-3", kind="migrate")):
+        await s.on_task(t)
+    await s.dispatch()
+    sent = dispatched(s)
+    assert "node-3" in sent  # a migration spends no budget
+    (first,) = set(sent) & set(budgeted)
+    await s.on_task_event(final_event(budgeted[first].task_id, "succeeded"))
+    await s.dispatch()
+    assert set(dispatched(s)) == {"node-1", "node-2", "node-3"}
+
+
+async def test_a_budget_refusal_takes_no_token(redis: Redis, keys: Keys, clock: Clock) -> None:
+    s = scheduler(redis, keys, clock, rate_burst=1)
+    await s.on_pool_health(pool_health({"up": 9, "down": 1}))  # budget used up by the down node
+    await s.on_task(task("node-1"))
+    await s.dispatch()
+    assert dispatched(s) == []
+    assert (await s.rate_limiter.take("local", "offline")).allowed
