@@ -8,9 +8,10 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
 from schemas.events.v1 import TaskEvent
 from schemas.topics import Topic, topic_name
@@ -177,6 +178,55 @@ async def until(check: Callable[[], object], timeout_s: float,
     `what` may be a function: it is called on timeout, so the message can say how far the
     condition got (the figures it was judged on)."""
     await eventually(check, what, timeout_s=timeout_s, poll_s=0.2)
+
+
+def log_lines(path: Path, since: int = 0) -> list[str]:
+    """The complete lines a service has written to its log at `path` from byte `since` on.
+
+    `since` is a size the log had earlier (`path.stat().st_size`): what was written after it.
+    A line still being written is left for the next read."""
+    data = path.read_bytes()
+    tail = data[since:]
+    if since and data[since - 1:since] != b"\n":
+        tail = tail.partition(b"\n")[2]  # the rest of a line begun before `since`
+    return tail.decode(errors="replace").split("\n")[:-1]
+
+
+async def log_shows(path: Path, check: Callable[[str], bool], what: str, *, count: int = 1,
+                    since: int = 0, timeout_s: float = 60.0) -> list[str]:
+    """Wait until `count` lines of a service's log (from byte `since` on) satisfy `check`.
+
+    A service's log is a record of its progress: a line it writes on every dispatcher tick
+    (say, a task held back), seen `count` times, shows it has been round that many times."""
+    found: list[str] = []
+
+    def enough() -> bool:
+        found[:] = [line for line in log_lines(path, since) if check(line)]
+        return len(found) >= count
+
+    await until(enough, timeout_s,
+                lambda: f"{what} ({len(found)} of {count} line(s) in {path.name})")
+    return found
+
+
+async def processed(bootstrap: str, group: str, records: Sequence[Record]) -> bool:
+    """True once consumer group `group` has committed past every one of `records`.
+
+    The services commit a message after their handler returns (and whatever it published
+    was acknowledged), so this says the service has handled them: for a check that
+    something did not follow from them, the window is over."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        committed: dict[Any, Any] = await admin.list_consumer_group_offsets(group)
+    finally:
+        await admin.close()
+
+    def past(record: Record) -> bool:
+        offset = committed.get(TopicPartition(record.topic, record.partition))
+        return offset is not None and int(offset.offset) > record.offset
+
+    return all(past(record) for record in records)
 
 
 def is_up(node: str) -> Callable[[Record], bool]:

@@ -2,31 +2,78 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 from redis.asyncio import Redis
 
 from agent import fleet
-from schemas.events.v1 import OpsNeed
+from schemas.events.v1 import OpsNeed, Sample, SampleBatch, now_utc
 from schemas.topics import Topic
 from services.shared.redis_client import Keys
 from services.shared.registry import register
 from services.shared.signing import ensure_keypair
-from tests.integration.harness import Record, Tap, name, services, stack_env, tap, until
+from tests.integration.harness import (
+    Record,
+    Tap,
+    name,
+    processed,
+    services,
+    stack_env,
+    tap,
+    until,
+)
+
+# Samples of a node the analyzer must have handled before a need for it is judged absent.
+SAMPLES_AFTER = 3
 
 
-def is_need_number(needs: Tap, n: int) -> Callable[[Record], bool]:
-    """True once the (n+1)th need has arrived."""
-    def check(record: Record) -> bool:
-        return len(needs.records) > n
-    return check
+def is_need(record: Record) -> bool:
+    return record.topic.endswith(Topic.OPS_NEEDS.value)
+
+
+def needs_in(events: Tap) -> list[OpsNeed]:
+    return [OpsNeed.model_validate_json(r.value) for r in events.records if is_need(r)]
+
+
+def samples_in(record: Record) -> list[Sample]:
+    if not record.topic.endswith(Topic.OPS_SAMPLES.value):
+        return []
+    return SampleBatch.model_validate_json(record.value).samples
+
+
+async def samples_of(events: Tap, node: str, count: int, *, start: int) -> list[Record]:
+    """The next `count` sample batches (from index `start` of `events.records` on) that
+    carry a sample of `node`."""
+    found: list[Record] = []
+    while len(found) < count:
+        record = await events.wait_for(
+            lambda r: any(s.node_id == node for s in samples_in(r)), 60,
+            f"sample {len(found) + 1} of {count} of {node}", start=start)
+        found.append(record)
+        start = next(i for i, r in enumerate(events.records) if r is record) + 1
+    return found
+
+
+def healthy_since(node: str, since: datetime) -> Callable[[Record], bool]:
+    """A sample batch with a fault-free sample of `node` reported at `since` or later."""
+    return lambda record: any(s.node_id == node and s.fault_count == 0
+                              and s.reported_at >= since for s in samples_in(record))
+
+
+async def analyzer_past(bootstrap: str, namespace: str, records: list[Record],
+                        what: str) -> None:
+    """Wait until the analyzer has handled these sample batches (its consumer group,
+    services/analyzer/app.py, has committed past them)."""
+    group = f"{namespace}.analyzer-samples"
+    await until(lambda: processed(bootstrap, group, records), 60, what)
 
 
 def need_for(node: str, metric: str) -> Callable[[Record], bool]:
     def check(record: Record) -> bool:
+        if not is_need(record):
+            return False
         need = OpsNeed.model_validate_json(record.value)
         return need.target == node and any(e.metric == metric for e in need.evidence)
     return check
@@ -45,15 +92,22 @@ async def test_a_node_that_reports_but_does_not_answer_probes_is_taken_offline(
         deaf = fleet.fleet_up(1, 1, "itest", namespace, tmp_path, env, [], 1.0, first=2)
         await register(redis_url, namespace, "itest", [a.node_id for a in healthy + deaf])
         try:
-            async with tap(kafka_bootstrap, name(Topic.OPS_NEEDS, namespace)) as needs:
-                record = await needs.wait_for(need_for("node-002", "node_fault_count"), 90,
+            async with tap(kafka_bootstrap, name(Topic.OPS_NEEDS, namespace),
+                           name(Topic.OPS_SAMPLES, namespace)) as watch:
+                record = await watch.wait_for(need_for("node-002", "node_fault_count"), 90,
                                               "an offline need for the node that never answers")
                 need = OpsNeed.model_validate_json(record.value)
                 assert need.kind == "offline"
                 assert "probe_failed" in need.evidence[0].detail
-                # The node that answers its probes raised nothing.
-                assert not [r for r in needs.records
-                            if json.loads(r.value)["target"] == "node-001"]
+                # The node that answers its probes raised nothing: judged once the analyzer
+                # has handled SAMPLES_AFTER of node-001's samples published after that need
+                # (probed alike, it would have been found out by then).
+                later = await samples_of(watch, "node-001", SAMPLES_AFTER,
+                                         start=len(watch.records))
+                await analyzer_past(kafka_bootstrap, namespace, later,
+                                    f"the analyzer past {SAMPLES_AFTER} more samples of node-001")
+                await watch.catch_up()
+                assert not [n for n in needs_in(watch) if n.target == "node-001"]
             redis = Redis.from_url(redis_url)
             try:
                 keys = Keys(namespace)
@@ -84,18 +138,38 @@ async def test_a_gpu_that_keeps_failing_is_escalated_to_replace(
         agents = fleet.fleet_up(1, 1, "itest", namespace, tmp_path, env, [public], 0.5)
         await register(redis_url, namespace, "itest", [a.node_id for a in agents])
         try:
-            async with tap(kafka_bootstrap, name(Topic.OPS_NEEDS, namespace)) as needs:
+            async with tap(kafka_bootstrap, name(Topic.OPS_NEEDS, namespace),
+                           name(Topic.OPS_SAMPLES, namespace)) as watch:
+                redis = Redis.from_url(redis_url)
+                open_need = Keys(namespace).open_need("itest", "offline", "node-001")
+
+                async def closed() -> bool:
+                    return not await redis.exists(open_need)
+
                 classes = []
-                for episode in range(3):
-                    fleet.inject_fault(tmp_path, "node-001", xid=[48])
-                    record = await needs.wait_for(is_need_number(needs, episode), 30,
-                                                  f"the offline need of episode {episode + 1}")
-                    classes.append(OpsNeed.model_validate_json(record.value).action_class)
-                    fleet.inject_fault(tmp_path, "node-001", xid=[])
-                    await asyncio.sleep(2.5)  # healthy reports end the episode
+                try:
+                    for episode in range(3):
+                        fleet.inject_fault(tmp_path, "node-001", xid=[48])
+                        record = await watch.wait_for(
+                            is_need, 30, f"the offline need of episode {episode + 1}",
+                            start=len(watch.records))
+                        classes.append(OpsNeed.model_validate_json(record.value).action_class)
+                        fleet.inject_fault(tmp_path, "node-001", xid=[])
+                        # A healthy report ends the episode, once the analyzer has handled
+                        # its sample; and the need is no longer open (it would hide the next).
+                        healthy = await watch.wait_for(
+                            healthy_since("node-001", now_utc()), 60,
+                            "a healthy sample of node-001", start=len(watch.records))
+                        await analyzer_past(kafka_bootstrap, namespace, [healthy],
+                                            "the analyzer past the healthy sample")
+                        await until(closed, 30, "the episode's need no longer open")
+                finally:
+                    await redis.aclose()
                 assert classes == ["reboot", "reboot", "replace"]
-                last = OpsNeed.model_validate_json(needs.records[-1].value)
-                assert "3 fatal faults within" in " ".join(e.detail for e in last.evidence)
+                await watch.catch_up()
+                raised = needs_in(watch)
+                assert len(raised) == 3, raised
+                assert "3 fatal faults within" in " ".join(e.detail for e in raised[-1].evidence)
         finally:
             fleet.fleet_down(tmp_path)
 
@@ -105,7 +179,6 @@ async def test_a_probe_answer_is_judged_by_when_it_was_sent_not_when_it_was_read
 ) -> None:
     from datetime import timedelta
 
-    from schemas.events.v1 import now_utc
     from services.collector.store import ProbeStore
 
     redis = Redis.from_url(redis_url)

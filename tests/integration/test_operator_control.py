@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Literal
 from uuid import UUID, uuid4
 
+import pytest
 from aiokafka import AIOKafkaProducer
 
 from agent import fleet
@@ -45,7 +46,13 @@ from tests.integration.harness import (
 )
 
 NODES = ["node-001", "node-002", "node-003"]
-DRAIN_TIMEOUT_S = 15  # the drain's deadline: when the executor asks the agent again
+# The drain's deadline: when the executor asks the agent again. What the test does while a
+# drain is held up (four controls answered before node-002 listens again; the terminate of
+# node-003's task) must be done before it. That took about 0.1 s on the shared 2-core machine;
+# the deadline leaves far more than any load makes of it, and the test checks it was not
+# reached first (a clear failure, not a puzzle), as test_console does.
+DRAIN_TIMEOUT_S = 60
+ASKED = "asked the agent for the status"
 Control = Literal["pause", "resume", "retry", "terminate", "jump"]
 
 
@@ -105,6 +112,15 @@ async def watch_for(events: Tap, seconds: float) -> None:
             events.records.extend(recs)
 
 
+def overrun(events: Tap, task_id: UUID, work: str) -> None:
+    """Fail, saying so, if the drain's deadline came before `work` was done: the executor
+    has asked the (deaf) node about the drain already."""
+    asked = [e.reason for e in of_task(events, task_id) if ASKED in e.reason]
+    spent = (now_utc() - first_start(events, task_id).occurred_at).total_seconds()
+    print(f"\n{work}: {spent:.1f} s of the drain's {DRAIN_TIMEOUT_S} s")
+    assert not asked, f"{work} outlasted the drain's deadline ({DRAIN_TIMEOUT_S} s): {asked}"
+
+
 def refused(action: Control) -> Callable[[TaskEvent], bool]:
     return lambda e: (e.outputs.get("control") == action and e.outputs.get("refused") is True
                       and e.reason.startswith(f"refused {action}"))
@@ -121,6 +137,7 @@ def executed_actions(state_dir: Path, node: str) -> list[tuple[str, str]]:
         db.close()
 
 
+@pytest.mark.timeout(600)  # two drain deadlines; the waits' own deadlines are what should fail
 async def test_an_operator_pauses_resumes_and_terminates_running_tasks(
     kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path
 ) -> None:
@@ -137,6 +154,12 @@ async def test_an_operator_pauses_resumes_and_terminates_running_tasks(
     _, public = ensure_keypair(tmp_path / "keys")
     keys = Keys(namespace)
     redis = connect_redis(redis_url)
+
+    async def timers(task_id: str) -> list[str]:
+        """The executor's timers of a task: a step deadline, a retry (journal.py)."""
+        return [key for key in (keys.workflow_deadlines(), keys.workflow_retries())
+                if await redis.zscore(key, task_id) is not None]
+
     async with services(env, tmp_path):
         await register(redis_url, namespace, "itest", NODES)
         fleet.fleet_up(len(NODES), 1, "itest", namespace, tmp_path, env, [public], 1.0)
@@ -172,13 +195,25 @@ async def test_an_operator_pauses_resumes_and_terminates_running_tasks(
                     watch, paused_task, lambda e: e.outputs.get("control") == "pause"
                     and e.actor == "alice" and not e.outputs.get("refused")), 30,
                     "the pause acknowledged")
-                # The step runs on: only its end pauses the task.
+                # The step runs on: only its end pauses the task. A second pause, handled
+                # after the first, is refused as waiting (not as paused); by then everything
+                # the first led to is on the topics.
+                await control(prod, namespace, paused_task, "pause", "alice", "again")
+                await watch.wait_for(has_event(
+                    watch, paused_task, lambda e: refused("pause")(e)
+                    and "a pause is already requested" in e.reason), 30,
+                    "the second pause refused as one already requested")
+                await watch.catch_up()
                 assert not any(e.state == "paused" for e in of_task(watch, paused_task))
+                # All that happened before the drain's deadline: the executor has not asked
+                # the node about its drain yet (were it to ask now, the node would not answer
+                # and the drain would fail instead of completing).
+                overrun(watch, paused_task, "the controls of the paused task")
                 fleet.inject_fault(tmp_path, "node-002", ignore_commands=False)
 
                 await watch.wait_for(
                     has_event(watch, paused_task, lambda e: e.state == "paused"),
-                    DRAIN_TIMEOUT_S + 60, "the task paused at the next step boundary")
+                    DRAIN_TIMEOUT_S + 120, "the task paused at the next step boundary")
                 trail = of_task(watch, paused_task)
                 stop = next(e for e in trail if e.state == "paused")
                 assert (stop.actor, stop.reason, stop.step_index, stop.previous_state) == (
@@ -192,13 +227,18 @@ async def test_an_operator_pauses_resumes_and_terminates_running_tasks(
                 workflow = await redis.hgetall(keys.workflow(str(paused_task)))
                 assert (workflow[b"state"], workflow[b"step"]) == (b"paused", b"1")
 
-                # Paused means paused: the next step does not start.
-                await watch_for(watch, 3.0)
+                # Paused means paused: the next step does not start. The executor has handled
+                # a later control of the task (a retry, refused: it is paused, not failed),
+                # and the task has no timer left that could start a step (the deadline sweep
+                # only acts on those).
+                await control(prod, namespace, paused_task, "retry", "alice", "again")
+                await watch.wait_for(has_event(
+                    watch, paused_task, lambda e: refused("retry")(e)
+                    and "it is paused" in e.reason), 30, "the retry of a paused task refused")
+                await watch.catch_up()
                 assert not any(e.step_index == 1 and e.step_state == "started"
                                for e in of_task(watch, paused_task))
-                await control(prod, namespace, paused_task, "retry", "alice", "again")
-                await watch.wait_for(has_event(watch, paused_task, refused("retry")), 30,
-                                     "the retry of a paused task refused")
+                assert not await timers(str(paused_task))
 
                 await control(prod, namespace, paused_task, "resume", "alice", "window over")
                 await watch.wait_for(
@@ -238,6 +278,7 @@ async def test_an_operator_pauses_resumes_and_terminates_running_tasks(
                 await watch.wait_for(
                     has_event(watch, doomed, lambda e: e.state == "terminated"), 30,
                     "the task terminated")
+                overrun(watch, doomed, "the terminate")
                 final = next(e for e in of_task(watch, doomed) if e.state == "terminated")
                 assert (final.actor, final.previous_state) == ("bob", "running")
                 assert final.reason.startswith("terminate: wrong node")
@@ -251,10 +292,13 @@ async def test_an_operator_pauses_resumes_and_terminates_running_tasks(
                 cancel = next(c for c in commands_sent(watch) if c.action.action == "cancel")
                 assert (cancel.node_id, cancel.task_id) == ("node-003", doomed)
                 # Past the drain's deadline nothing more is sent for the terminated task
-                # (no status query, no drain sent again): its timers went with it.
+                # (no status query, no drain sent again): its timers went with it, so the
+                # deadline sweep (which acts on timers only) has nothing to act on.
+                assert not await timers(str(doomed))
                 started_at = first_start(watch, doomed).occurred_at
                 await watch_for(watch, max(0.0, DRAIN_TIMEOUT_S + 3.0 - (
                     now_utc() - started_at).total_seconds()))
+                await watch.catch_up()
                 for_node = [c.action.action for c in commands_sent(watch)
                             if c.node_id == "node-003"]
                 assert for_node == ["drain_node", "cancel"], for_node

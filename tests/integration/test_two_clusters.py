@@ -47,7 +47,11 @@ async def test_two_clusters_with_the_same_node_names_stay_apart(
                 need = OpsNeed.model_validate_json(record.value)
                 assert (need.cluster_id, need.target, need.kind) == ("west", "node-001",
                                                                      "offline")
-                await watch.wait_for(health_of("east"), 10, "east still healthy")
+                # A pool period after the need (a fresh record, not one read before): east
+                # is still whole, and no need was raised for it meanwhile.
+                await watch.wait_for(health_of("east"), 60, "east still healthy after the need",
+                                     start=len(watch.records))
+                await watch.catch_up()
                 needs = [OpsNeed.model_validate_json(r.value) for r in watch.records
                          if offline_need(r)]
                 assert {(n.cluster_id, n.target) for n in needs} == {("west", "node-001")}
