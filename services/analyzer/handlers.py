@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from uuid import NAMESPACE_URL, uuid5
+from uuid import uuid5
 
+from schemas import ids
 from schemas.events.v1 import (
     NodeMode,
     NodeState,
@@ -32,7 +33,6 @@ from services.shared.redis_client import Keys
 
 log = logging.getLogger("clusterwarden.analyzer")
 SOURCE = "analyzer"
-_IDS = uuid5(NAMESPACE_URL, "clusterwarden/analyzer")
 _STATE_OF_MODE: Mapping[NodeMode, NodeStateName] = {
     "active": "up", "draining": "draining", "offline": "offline",
 }
@@ -178,7 +178,8 @@ class Analyzer:
 def pool_health(pool: PoolObservation, now: datetime) -> PoolHealth:
     """The published health of a pool at one analysis period."""
     return PoolHealth(
-        event_id=uuid5(_IDS, f"health:{pool.cluster_id}:{pool.pool}:{now.timestamp():.3f}"),
+        event_id=uuid5(ids.POOL_HEALTH,
+                       f"health:{pool.cluster_id}:{pool.pool}:{now.timestamp():.3f}"),
         source=SOURCE, occurred_at=now, cluster_id=pool.cluster_id, subject=pool.pool,
         pool=pool.pool, nodes_total=pool.nodes_total,
         nodes_by_state=dict(pool.nodes_by_state),

@@ -5,18 +5,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Literal
-from uuid import NAMESPACE_URL, UUID, uuid5
+from uuid import UUID, uuid5
 
+from schemas import ids
 from schemas.events.v1 import NodeMode, NodeReport, NodeStateName, Sample, SampleBatch
 
 TimestampVerdict = Literal["ok", "future", "stale"]
 
-_IDS = uuid5(NAMESPACE_URL, "clusterwarden/collector")
-
 
 def derived_id(kind: str, *parts: object) -> UUID:
     """A deterministic event id, so a redelivered report yields the same events (deduped)."""
-    return uuid5(_IDS, ":".join([kind, *map(str, parts)]))
+    return uuid5(ids.COLLECTOR, ":".join([kind, *map(str, parts)]))
 
 
 def timestamp_verdict(

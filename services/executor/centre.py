@@ -19,12 +19,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any, cast
-from uuid import NAMESPACE_URL, UUID, uuid5
+from uuid import UUID, uuid5
 
 from cryptography.hazmat.primitives import serialization
 from pydantic import TypeAdapter
 from redis.asyncio import Redis
 
+from schemas import ids
 from schemas.events.v1 import (
     AddCapacity,
     DrainNode,
@@ -66,7 +67,6 @@ from services.shared.redis_client import Keys, text
 from services.shared.signing import ensure_keypair, key_id, load_private_key
 
 log = logging.getLogger("clusterwarden.executor.centre")
-_IDS = uuid5(NAMESPACE_URL, "clusterwarden/executor/centre")
 _OUTPUTS = TypeAdapter(dict[str, OutputValue])
 # A remove-node child moves every job of its node, however many (the schema's maximum).
 EVACUATE_ALL = 64
@@ -77,7 +77,7 @@ LEAVING_KINDS: frozenset[str] = frozenset({"offline", "remove_node"})
 def child_task_id(parent: OpsTask, index: int, command_id: UUID, kind: str, name: str) -> UUID:
     """A child's id: the same step attempt planning the same job or node gives the same id,
     so a re-published child is deduplicated; another attempt gets new children."""
-    return uuid5(_IDS, f"{parent.task_id}:{index}:{command_id}:{kind}:{name}")
+    return uuid5(ids.CENTRE_CHILDREN, f"{parent.task_id}:{index}:{command_id}:{kind}:{name}")
 
 
 class Centre:
@@ -306,7 +306,7 @@ class Centre:
                pool: str, mutex: list[str], steps: list[Step]) -> OpsTask:
         suffix = "migrate" if action_type == "migrate" else "remove"
         return OpsTask(
-            event_id=uuid5(_IDS, f"{task_id}:created"),
+            event_id=uuid5(ids.CENTRE_CHILDREN, f"{task_id}:created"),
             source=self.source,
             occurred_at=self.clock(),
             cluster_id=parent.cluster_id,

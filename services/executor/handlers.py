@@ -16,10 +16,11 @@ import os
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
-from uuid import NAMESPACE_URL, UUID, uuid5
+from uuid import UUID, uuid5
 
 from redis.asyncio import Redis
 
+from schemas import ids
 from schemas.events.v1 import (
     Action,
     AddCapacity,
@@ -73,7 +74,6 @@ from services.shared.signing import CommandSigner
 
 log = logging.getLogger("clusterwarden.executor")
 SOURCE = "executor"
-_IDS = uuid5(NAMESPACE_URL, "clusterwarden/executor")
 MAX_OUTPUTS = 32  # the schema's bound on TaskEvent.outputs
 _CENTRE_TYPES = (AddCapacity, RemoveCapacity, MigrateJobs, ReleaseNode)
 # Controls that also apply to a parent's open children. Retry and jump do not: a retried
@@ -89,15 +89,15 @@ def command_id_for(task_id: UUID, step: int, attempt: int, run: int = 0) -> UUID
     to the run before it.
     """
     suffix = f":r{run}" if run else ""
-    return uuid5(_IDS, f"{task_id}:{step}:{attempt}{suffix}")
+    return uuid5(ids.EXECUTOR, f"{task_id}:{step}:{attempt}{suffix}")
 
 
 def query_id_for(command_id: str, number: int) -> UUID:
-    return uuid5(_IDS, f"query:{command_id}:{number}")
+    return uuid5(ids.EXECUTOR, f"query:{command_id}:{number}")
 
 
 def cancel_id_for(command_id: str) -> UUID:
-    return uuid5(_IDS, f"cancel:{command_id}")
+    return uuid5(ids.EXECUTOR, f"cancel:{command_id}")
 
 
 def agent_action(step: Step) -> Action | None:
@@ -286,7 +286,7 @@ class Executor:
         for child in waiting.children:
             # `created` first: the task store must know a task before any later transition.
             await self.bus.publish(Topic.OPS_TASK_EVENTS, TaskEvent(
-                event_id=uuid5(_IDS, f"{child.task_id}:created"),
+                event_id=uuid5(ids.EXECUTOR, f"{child.task_id}:created"),
                 source=SOURCE, occurred_at=now_utc(), cluster_id=child.cluster_id,
                 subject=str(child.task_id), correlation_id=str(child.need_id),
                 task_id=child.task_id, parent_task_id=child.parent_task_id, state="created",
@@ -678,7 +678,7 @@ class Executor:
                 await self.apply_control(
                     control.model_copy(update={"reason": f"via parent {wf.task_id}: "
                                                          f"{control.reason}"[:256]}),
-                    UUID(child), str(uuid5(_IDS, f"{control_id}:{child}")))
+                    UUID(child), str(uuid5(ids.EXECUTOR, f"{control_id}:{child}")))
         return True
 
     @staticmethod
@@ -765,7 +765,7 @@ class Executor:
         else:
             outputs["pending"] = True
         await self.bus.publish(Topic.OPS_TASK_EVENTS, TaskEvent(
-            event_id=uuid5(_IDS, f"control:{control_id}"), source=SOURCE,
+            event_id=uuid5(ids.EXECUTOR, f"control:{control_id}"), source=SOURCE,
             occurred_at=now_utc(), cluster_id=control.cluster_id, subject=str(task_id),
             correlation_id=control.correlation_id, task_id=task_id, state=state,
             previous_state=state, actor=control.actor, reason=reason[:256], outputs=outputs,
@@ -791,7 +791,7 @@ class Executor:
         await self.bus.publish(
             Topic.OPS_TASK_EVENTS,
             TaskEvent(
-                event_id=uuid5(_IDS, event_key or f"{task.task_id}:{discriminator}"),
+                event_id=uuid5(ids.EXECUTOR, event_key or f"{task.task_id}:{discriminator}"),
                 source=SOURCE, occurred_at=now_utc(), cluster_id=task.cluster_id,
                 subject=str(task.task_id), correlation_id=str(task.need_id),
                 task_id=task.task_id, parent_task_id=task.parent_task_id,

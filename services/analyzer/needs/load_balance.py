@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from datetime import datetime
 from typing import Final
-from uuid import NAMESPACE_URL, uuid5
 
 from pydantic import Field, model_validator
 
+from schemas import ids
 from schemas.events.v1 import Evidence
 from services.analyzer.conditions import ConditionState, Evaluation
 from services.analyzer.needs.hysteresis import (
@@ -22,7 +22,6 @@ from services.analyzer.observation import NodeObservation
 
 NAME: Final = "load_balance"
 LEVEL: Final = "node"
-_IDS = uuid5(NAMESPACE_URL, "clusterwarden/needs/load_balance")
 
 
 class Args(BandArgs):
@@ -64,8 +63,8 @@ def evaluate(
         return Evaluation(state, [])
     pool_value = obs.pool_effective_utilization_pct or 0.0
     need = episode_need(
-        _IDS, cluster=obs.cluster_id, pool=obs.pool, target=obs.node_id, kind="load_balance",
-        level=LEVEL, state=state, now=now, source=source, dry_run=dry_run,
+        ids.NEEDS_LOAD_BALANCE, cluster=obs.cluster_id, pool=obs.pool, target=obs.node_id,
+        kind="load_balance", level=LEVEL, state=state, now=now, source=source, dry_run=dry_run,
         cause=obs.source_event_id,
         evidence=[
             Evidence(

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Final
-from uuid import NAMESPACE_URL, uuid5
+from uuid import uuid5
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from schemas import ids
 from schemas.events.v1 import ActionClass, Evidence, NeedLevel, OpsNeed
 from services.analyzer.faults import (
     NODE_FAULT_ACTION,
@@ -21,7 +22,6 @@ from services.analyzer.observation import NodeObservation
 
 NAME: Final = "offline"
 LEVEL: Final = "node"
-_IDS = uuid5(NAMESPACE_URL, "clusterwarden/needs/offline")
 _MAX_EVIDENCE = 32
 
 
@@ -103,7 +103,8 @@ def detect(
         return []
     return [
         OpsNeed(
-            event_id=uuid5(_IDS, f"{obs.cluster_id}:{obs.node_id}:{obs.source_event_id}"),
+            event_id=uuid5(ids.NEEDS_OFFLINE,
+                           f"{obs.cluster_id}:{obs.node_id}:{obs.source_event_id}"),
             source=source,
             occurred_at=now,
             cluster_id=obs.cluster_id,
