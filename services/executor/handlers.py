@@ -21,6 +21,7 @@ from uuid import UUID, uuid5
 from redis.asyncio import Redis
 
 from schemas import ids
+from schemas.envelope import short_text
 from schemas.events.v1 import (
     Action,
     AddCapacity,
@@ -182,7 +183,7 @@ class Executor:
 
     async def _skip(self, wf: Workflow, step: Step, why: str) -> bool:
         """Record a step skipped by its guard; True if the next step is to be started."""
-        outputs = {"skipped": True, "guard": step.guard or "", "reason": why[:256]}
+        outputs = {"skipped": True, "guard": step.guard or "", "reason": short_text(why)}
         ended = await self.journal.step_ended(wf, "skipped", outputs=outputs,
                                               kick_ms=self._kick_ms(),
                                               reason="every step completed or skipped")
@@ -676,8 +677,8 @@ class Executor:
         if control.action in FORWARDED_CONTROLS:
             for child in await self.journal.open_children(wf.task_id, wf.step):
                 await self.apply_control(
-                    control.model_copy(update={"reason": f"via parent {wf.task_id}: "
-                                                         f"{control.reason}"[:256]}),
+                    control.model_copy(update={"reason": short_text(
+                        f"via parent {wf.task_id}: {control.reason}")}),
                     UUID(child), str(uuid5(ids.EXECUTOR, f"{control_id}:{child}")))
         return True
 
@@ -721,7 +722,7 @@ class Executor:
                 timers="clear", ttl="persist")
         return await self.journal.transition(
             wf, control_id, {"state": "terminated", "cause": "terminated", "pause": "",
-                             "reason": f"terminate: {control.reason}"[:256]},
+                             "reason": short_text(f"terminate: {control.reason}")},
             timers="clear", ttl="expire")
 
     async def _after_control(self, control: TaskControl, wf: Workflow, control_id: str,
@@ -768,7 +769,7 @@ class Executor:
             event_id=uuid5(ids.EXECUTOR, f"control:{control_id}"), source=SOURCE,
             occurred_at=now_utc(), cluster_id=control.cluster_id, subject=str(task_id),
             correlation_id=control.correlation_id, task_id=task_id, state=state,
-            previous_state=state, actor=control.actor, reason=reason[:256], outputs=outputs,
+            previous_state=state, actor=control.actor, reason=short_text(reason), outputs=outputs,
         ))
 
     # -------------------------------------------------------- events
@@ -796,7 +797,7 @@ class Executor:
                 subject=str(task.task_id), correlation_id=str(task.need_id),
                 task_id=task.task_id, parent_task_id=task.parent_task_id,
                 state=state, previous_state=previous, step_index=step, step_state=step_state,
-                command_id=command_id, actor=actor, reason=reason[:256],
+                command_id=command_id, actor=actor, reason=short_text(reason),
                 outputs=_bounded(outputs or {}),
             ),
         )

@@ -14,6 +14,7 @@ from uuid import UUID, uuid5
 from policy.attribution import Cause, attribute
 from policy.selector import Avoid, Decision, Task, replay
 from schemas import ids
+from schemas.envelope import SHORT_TEXT_MAX
 from schemas.events.v1 import (
     CandidateVerdict,
     CommandPayload,
@@ -29,7 +30,6 @@ from services.router.records import AttemptRecord, TaskRecord
 from services.router.registry import split_model
 
 SOURCE = "router"
-SHORT = 256
 
 # The router's words for what went wrong -> the selector's attribution. `unavailable` (the
 # router's view was stale: the model was not ready there, the agent refused the command)
@@ -101,7 +101,7 @@ def cause_of(result: CommandResult) -> InferenceCause | None:
 
 
 def _short(value: str) -> str:
-    return value if len(value) <= SHORT else value[: SHORT - 1] + "~"
+    return value if len(value) <= SHORT_TEXT_MAX else value[: SHORT_TEXT_MAX - 1] + "~"
 
 
 def _compact_inputs(inputs: dict[str, Any]) -> dict[str, Any]:

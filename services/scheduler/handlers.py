@@ -15,6 +15,7 @@ from typing import Literal
 from uuid import uuid4, uuid5
 
 from schemas import ids
+from schemas.envelope import IDENTIFIER_MAX, short_text
 from schemas.events.v1 import (
     Alert,
     OpsTask,
@@ -43,7 +44,6 @@ FINAL_STATES: frozenset[TaskState] = FINAL_OUTCOMES | {"terminated"}
 # The executor's `cause` of a failure the agent refused before doing anything (a precondition,
 # a stale command): it says nothing about whether the adjustment works, so no breaker counts it.
 REJECTED = "rejected"
-IDENTIFIER_MAX = 128
 
 # "trial": admitted as the breaker's half-open trial; "counted": admitted and counted in the
 # pool's budget by this call. Both are undone if a later limit holds the task back.
@@ -71,8 +71,8 @@ def reset_alert(cluster: str, name: str, reset: BreakerReset, source: str) -> Al
     return Alert(
         event_id=uuid5(ids.BREAKER_RESETS, reset.record.hash), source=source, occurred_at=now_utc(),
         cluster_id=cluster, subject=key, severity="info", kind="breaker_reset", dedup_key=key,
-        message=(f"breaker {name} on {cluster} reset by {entry.actor} "
-                 f"({reset.before.status} -> {reset.after.status}): {entry.reason}")[:256],
+        message=short_text(f"breaker {name} on {cluster} reset by {entry.actor} "
+                           f"({reset.before.status} -> {reset.after.status}): {entry.reason}"),
     )
 
 
@@ -299,7 +299,7 @@ class Scheduler:
         await self.bus.publish(Topic.OPS_ALERTS, Alert(
             event_id=uuid4(), source=SOURCE, occurred_at=now_utc(), cluster_id=cluster,
             subject=key, severity="critical", kind="short_circuit", dedup_key=key,
-            message=f"automation held back on pool {pool}: {verdict.reason}"[:256],
+            message=short_text(f"automation held back on pool {pool}: {verdict.reason}"),
         ))
         await self.safety.mark_alerted(cluster, pool, ttl_s)
         log.warning("alert: short-circuit on %s/%s: %s", cluster, pool, verdict.reason)
@@ -369,9 +369,9 @@ class Scheduler:
             event_id=uuid5(ids.BREAKER_ALERTS, f"{key}:{state.openings}"),
             source=SOURCE, occurred_at=now_utc(), cluster_id=cluster, subject=key,
             severity="critical", kind="breaker_open", dedup_key=key,
-            message=(f"circuit breaker for {name} on {cluster} is open after "
-                     f"{sum(state.window)} failure(s) in the last {len(state.window)}; "
-                     f"automation of {name} is stopped")[:256],
+            message=short_text(f"circuit breaker for {name} on {cluster} is open after "
+                               f"{sum(state.window)} failure(s) in the last "
+                               f"{len(state.window)}; automation of {name} is stopped"),
         ))
         await self.breakers.mark_alerted(cluster, name, state.openings)
         log.warning("alert: breaker %s/%s open (opening %d)", cluster, name, state.openings)

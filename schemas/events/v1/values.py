@@ -6,6 +6,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints
 
+from schemas.envelope import ShortText
+
 Percent = Annotated[float, Field(ge=0.0, le=100.0)]
 MiB = Annotated[int, Field(ge=0, le=4_194_304)]
 Count = Annotated[int, Field(ge=0, le=2**53)]
@@ -15,7 +17,7 @@ StepIndex = Annotated[int, Field(ge=0, le=63)]
 
 NodeMode = Literal["active", "draining", "offline"]
 NeedKind = Literal["scale_out", "scale_in", "load_balance", "offline", "online"]
-OutputValue = Annotated[str, Field(max_length=256)] | int | float | bool
+OutputValue = ShortText | int | float | bool
 
 # ML task routing
 ModelVersion = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,32}$")]

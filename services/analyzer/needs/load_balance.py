@@ -8,6 +8,7 @@ from typing import Final
 from pydantic import Field, model_validator
 
 from schemas import ids
+from schemas.envelope import short_text
 from schemas.events.v1 import Evidence
 from services.analyzer.conditions import ConditionState, Evaluation
 from services.analyzer.needs.hysteresis import (
@@ -71,14 +72,14 @@ def evaluate(
                 metric="node_gpu_utilization_pct", value=value,
                 range_low=args.low_enter, range_high=args.high_enter,
                 observed_at=obs.observed_at, source_event_id=obs.source_event_id,
-                detail=(f"{band_detail(side, value, args)}; "
-                        f"{held_detail(state, obs.observed_at, args.hold_s)}")[:256],
+                detail=short_text(f"{band_detail(side, value, args)}; "
+                                  f"{held_detail(state, obs.observed_at, args.hold_s)}"),
             ),
             Evidence(
                 metric="pool_effective_utilization_pct", value=pool_value,
                 range_low=args.pool_low, range_high=args.pool_high,
                 observed_at=obs.observed_at, source_event_id=obs.source_event_id,
-                detail=f"pool {obs.pool} inside its range: balancing, not scaling"[:256],
+                detail=short_text(f"pool {obs.pool} inside its range: balancing, not scaling"),
             ),
         ],
     )

@@ -8,6 +8,7 @@ from typing import Final
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas import ids
+from schemas.envelope import short_text
 from schemas.events.v1 import Evidence
 from services.analyzer.conditions import ConditionState, Evaluation
 from services.analyzer.faults import FaultArgs, classify
@@ -60,7 +61,7 @@ def evaluate(
             Evidence(
                 metric="node_fault_count", value=0.0, range_low=0.0, range_high=0.0,
                 observed_at=obs.observed_at, source_event_id=obs.source_event_id,
-                detail=f"offline and fault-free: {held}{recorded}"[:256],
+                detail=short_text(f"offline and fault-free: {held}{recorded}"),
             )
         ],
     )

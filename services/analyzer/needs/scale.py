@@ -8,6 +8,7 @@ from types import MappingProxyType
 from typing import Final
 
 from schemas import ids
+from schemas.envelope import short_text
 from schemas.events.v1 import Evidence, NeedKind
 from services.analyzer.conditions import ConditionState, Evaluation
 from services.analyzer.needs.hysteresis import (
@@ -71,7 +72,7 @@ def evaluate(
             Evidence(
                 metric="pool_effective_utilization_pct", value=value,
                 range_low=args.low_enter, range_high=args.high_enter,
-                observed_at=obs.observed_at, detail=detail[:256],
+                observed_at=obs.observed_at, detail=short_text(detail),
             )
         ],
     )
