@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import datetime
 from typing import Literal
 from uuid import UUID, uuid5
 
 from schemas import ids
-from schemas.events.v1 import NodeMode, NodeReport, NodeStateName, Sample, SampleBatch
+from schemas.events.v1 import NodeReport, NodeStateName, Sample, SampleBatch
 
 TimestampVerdict = Literal["ok", "future", "stale"]
 
@@ -28,16 +27,6 @@ def timestamp_verdict(
     if age > stale_after_s:
         return "stale"
     return "ok"
-
-
-_STATE_OF_MODE: Mapping[NodeMode, NodeStateName] = {
-    "active": "up", "draining": "draining", "offline": "offline",
-}
-
-
-def state_from_mode(mode: NodeMode) -> NodeStateName:
-    """The node state a report implies: a reporting node is up unless it drained itself."""
-    return _STATE_OF_MODE[mode]
 
 
 def heartbeat_state(

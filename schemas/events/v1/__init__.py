@@ -58,6 +58,7 @@ from schemas.events.v1.analysis import (
     PoolHealth,
     Sample,
     SampleBatch,
+    state_from_mode,
 )
 from schemas.events.v1.commands import Command, CommandPayload, CommandResult, InferenceOutput
 from schemas.events.v1.ml import (
@@ -231,4 +232,5 @@ __all__ = [
     "TaskState",
     "UndrainNode",
     "now_utc",
+    "state_from_mode",
 ]

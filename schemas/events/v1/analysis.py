@@ -3,6 +3,8 @@ health."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Annotated, Literal
 from uuid import UUID
 
@@ -17,6 +19,16 @@ NeedLevel = Literal["gpu", "node", "cluster"]
 # What a fault calls for, from the published XID playbooks (reset a GPU, reboot or replace
 # the node, or just drain it); `none` is an event worth recording but not acting on.
 ActionClass = Literal["none", "reset", "reboot", "replace", "drain"]
+
+_STATE_OF_MODE: Mapping[NodeMode, NodeStateName] = MappingProxyType({
+    "active": "up", "draining": "draining", "offline": "offline",
+})
+
+
+def state_from_mode(mode: NodeMode) -> NodeStateName:
+    """The node state a report (or its sample) implies: a reporting node is up unless it
+    drained itself or went offline."""
+    return _STATE_OF_MODE[mode]
 
 
 # ---------------------------------------------------------------- collector output
