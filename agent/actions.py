@@ -23,6 +23,7 @@ from functools import partial
 from agent.effects import Effect
 from agent.jobs import JobKind, JobRecord, JobRunner, JobView
 from agent.store import CheckpointMeta, CheckpointStore, StoreError, safe_job_id
+from schemas.envelope import short_text
 from schemas.events.v1 import (
     MigrateJob,
     NodeMode,
@@ -170,7 +171,7 @@ class JobActions:
         plan = (f"checkpoint and stop {job_id} (wait up to {action.checkpoint_timeout_s:g} s),"
                 f" export it to the checkpoint store, give it up here")
         return Effect("succeeded", outputs=outputs, run=partial(self._migrate, action),
-                      plan=plan[:256])
+                      plan=short_text(plan))
 
     async def _migrate(self, action: MigrateJob) -> Effect:
         job_id, timeout_s = action.job_id, action.checkpoint_timeout_s
@@ -199,7 +200,7 @@ class JobActions:
             self.jobs.release(job_id)
             log.error("exporting job %s failed: %s", job_id, err)
             return Effect("failed", "export_failed",
-                          outputs={"job_id": job_id, "error": str(err)[:256]})
+                          outputs={"job_id": job_id, "error": short_text(str(err))})
         return Effect("succeeded", outputs=self._moved(meta, changed=True))
 
     # ------------------------------------------------------------ start_job
@@ -244,7 +245,7 @@ class JobActions:
         plan = f"start {action.kind} job {job_id} {source} on GPU(s) [{gpu_list(gpus)}]"
         record = JobRecord(job_id, action.kind, gpus)
         return Effect("succeeded", outputs=outputs,
-                      apply=partial(self._start, record, meta, outputs), plan=plan[:256])
+                      apply=partial(self._start, record, meta, outputs), plan=short_text(plan))
 
     def _start(
         self, record: JobRecord, meta: CheckpointMeta | None, outputs: dict[str, OutputValue]
@@ -262,11 +263,11 @@ class JobActions:
         except StoreError as err:
             log.error("starting job %s failed: %s", record.job_id, err)
             return Effect("failed", err.reason,
-                          outputs={"job_id": record.job_id, "error": err.detail[:256]})
+                          outputs={"job_id": record.job_id, "error": short_text(err.detail)})
         except OSError as err:
             log.error("starting job %s failed: %s", record.job_id, err)
             return Effect("failed", "io_error",
-                          outputs={"job_id": record.job_id, "error": str(err)[:256]})
+                          outputs={"job_id": record.job_id, "error": short_text(str(err))})
         return Effect("succeeded", outputs=outputs)
 
     # ------------------------------------------------------------ stop_job
@@ -285,7 +286,7 @@ class JobActions:
         }
         plan = f"checkpoint and stop {job_id}, give it up here (its checkpoint stays local)"
         return Effect("succeeded", outputs=outputs, run=partial(self._stop_job, action),
-                      plan=plan[:256])
+                      plan=short_text(plan))
 
     async def _stop_job(self, action: StopJob) -> Effect:
         job_id = action.job_id
@@ -303,7 +304,7 @@ class JobActions:
         except OSError as err:
             self.jobs.release(job_id)
             return Effect("failed", "io_error",
-                          outputs={"job_id": job_id, "error": str(err)[:256]})
+                          outputs={"job_id": job_id, "error": short_text(str(err))})
         return Effect("succeeded", outputs=planned | {
             "step": local.step, "progress_pct": round(local.progress_pct, 3),
             "has_checkpoint": local.path is not None,
@@ -340,9 +341,9 @@ class JobActions:
                 + (", restarting it from its checkpoint" if restart else ""))
         if restart:
             return Effect("succeeded", outputs=outputs, run=partial(self._restart, action),
-                          plan=plan[:256])
+                          plan=short_text(plan))
         return Effect("succeeded", outputs=outputs,
-                      apply=partial(self._resize, action, gpus, outputs), plan=plan[:256])
+                      apply=partial(self._resize, action, gpus, outputs), plan=short_text(plan))
 
     def _resize(
         self, action: SetResources, gpus: tuple[int, ...], outputs: dict[str, OutputValue]
@@ -351,7 +352,7 @@ class JobActions:
             self.jobs.resize(action.job_id, gpus, action.memory_mib)
         except OSError as err:
             return Effect("failed", "io_error",
-                          outputs={"job_id": action.job_id, "error": str(err)[:256]})
+                          outputs={"job_id": action.job_id, "error": short_text(str(err))})
         return Effect("succeeded", outputs=outputs)
 
     async def _restart(self, action: SetResources) -> Effect:

@@ -30,6 +30,7 @@ from agent.faults import FaultPlan
 from agent.inference import InferenceActions, InferenceJournal, replay_window_s
 from agent.journal import NODE_FENCE, Journal
 from agent.ml.serving import ModelServer
+from schemas.envelope import IDENTIFIER_MAX, short_text
 from schemas.events.v1 import (
     Action,
     ActionName,
@@ -227,7 +228,7 @@ class CommandExecutor:
         # Where the result of a long action goes when it ends (the agent publishes it).
         self.publish = publish
         self.clock = clock
-        self.source = f"agent-{node_id}"[:128]
+        self.source = f"agent-{node_id}"[:IDENTIFIER_MAX]
         self._running: dict[UUID, asyncio.Task[CommandResult]] = {}
         self._cancel_reasons: dict[UUID, str] = {}
         self._publishing: set[asyncio.Task[None]] = set()
@@ -515,7 +516,7 @@ class CommandExecutor:
             # Without a command id there is nobody to answer: dead-letter it.
             raise problem from err
         result = self._result(command, command_id, None, "rejected", "invalid_payload",
-                              {"error": problem.reason[:256]}, now)
+                              {"error": short_text(problem.reason)}, now)
         self.journal.record(result, seq=None, epoch=None, accepted=False, now=now)
         log.warning("command %s rejected: invalid payload: %s", command_id, problem)
         return result

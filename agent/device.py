@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Literal, Protocol, TypeVar
 
+from schemas.envelope import short_text
 from schemas.events.v1 import GpuMetrics, GpuSource, JobInfo
 
 log = logging.getLogger("clusterwarden.agent.device")
@@ -184,8 +185,8 @@ class NvmlProbe:
             gpus.append(
                 GpuMetrics(
                     index=index,
-                    uuid=self.uuids[index][:256],
-                    name=self.names[index][:256],
+                    uuid=short_text(self.uuids[index]),
+                    name=short_text(self.names[index]),
                     utilization_pct=float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
                     memory_used_mib=int(memory.used) // MIB,
                     memory_total_mib=int(memory.total) // MIB,

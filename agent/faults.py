@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from schemas.envelope import short_text
 from schemas.events.v1 import ActionName, Fault, GpuMetrics, JobInfo
 
 log = logging.getLogger("clusterwarden.agent.faults")
@@ -134,7 +135,7 @@ def faults_for_report(plan: FaultPlan) -> list[Fault]:
 def job_faults(jobs: Sequence[JobInfo], plan: FaultPlan) -> list[Fault]:
     """A hung_job fault per hung job; the plan's word alone only where no job runs to hang."""
     faults = [
-        Fault(kind="hung_job", detail=f"{job.job_id}: no progress"[:256])
+        Fault(kind="hung_job", detail=short_text(f"{job.job_id}: no progress"))
         for job in jobs
         if job.state == "hung"
     ]

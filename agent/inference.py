@@ -32,6 +32,7 @@ from agent.effects import IN_PROGRESS, Effect
 from agent.faults import FaultPlan
 from agent.journal import immediate_transaction
 from agent.ml.serving import Answer, ModelServer, check_input, fault_for
+from schemas.envelope import short_text
 from schemas.events.v1 import CommandResult, InferenceOutput, NodeMode, RunInference
 
 log = logging.getLogger("clusterwarden.agent.inference")
@@ -45,7 +46,7 @@ def _output(action: RunInference, answer: Answer) -> InferenceOutput:
         model=action.model, version=action.version, family=answer.family,
         cause=answer.cause, latency_ms=min(answer.latency_ms, 3_600_000.0),
         prediction=answer.prediction, confidence=answer.confidence,
-        detail=answer.detail[:256])
+        detail=short_text(answer.detail))
 
 
 def answer_effect(action: RunInference, answer: Answer) -> Effect:

@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent.faults import FaultPlan
 from agent.ml.runtime import CHECKPOINT_FILE, STATUS_FILE
+from schemas.envelope import IDENTIFIER_MAX
 from schemas.events.v1 import JobInfo, NodeMode
 
 log = logging.getLogger("clusterwarden.agent.jobs")
@@ -270,7 +271,8 @@ def configured_records(node_id: str, gpus: int, names: Sequence[str]) -> list[Jo
     records = []
     for name in names:
         kind, _, preferred = JOB_TYPES[name]
-        records.append(JobRecord(f"{node_id}.{name}"[:128], kind, tuple(gpu_for(preferred, gpus))))
+        records.append(JobRecord(f"{node_id}.{name}"[:IDENTIFIER_MAX], kind,
+                                 tuple(gpu_for(preferred, gpus))))
     return records
 
 

@@ -12,6 +12,7 @@ from agent.faults import FaultPlan, faults_for_report, gpu_faults, inject_into_g
 from agent.host import HostSampler
 from agent.jobs import JobSource
 from agent.journal import Journal
+from schemas.envelope import IDENTIFIER_MAX, short_text
 from schemas.events.v1 import Fault, GpuMetrics, HostMetrics, NodeReport, PeerProbe, ServedModel
 
 log = logging.getLogger("clusterwarden.agent.report")
@@ -58,7 +59,7 @@ class Reporter:
         self.jobs = jobs
         self.peer_probes = peer_probes
         self.models = models
-        self.source = f"agent-{node_id}"[:128]
+        self.source = f"agent-{node_id}"[:IDENTIFIER_MAX]
 
     @property
     def interval_s(self) -> float:
@@ -77,7 +78,7 @@ class Reporter:
             # Like a GPU that cannot be read: fault data, and the heartbeat still goes out.
             log.exception("reading the jobs failed")
             jobs = []
-            faults.append(Fault(kind="agent", detail=f"jobs failed: {err!r}"[:256]))
+            faults.append(Fault(kind="agent", detail=short_text(f"jobs failed: {err!r}")))
         gpus: list[GpuMetrics]
         try:
             gpus = self.probe.read(jobs, now, load_pct=plan.load_pct)
@@ -85,14 +86,14 @@ class Reporter:
             # A GPU that cannot be read is itself fault data; the heartbeat must still go out.
             log.exception("reading the GPUs failed")
             gpus = []
-            faults.append(Fault(kind="agent", detail=f"gpu probe failed: {err!r}"[:256]))
+            faults.append(Fault(kind="agent", detail=short_text(f"gpu probe failed: {err!r}")))
         try:
             host = self.host.read(now)
         except Exception as err:
             log.exception("reading host metrics failed")
             host = HostMetrics(cpu_pct=0.0, memory_used_mib=0, memory_total_mib=0,
                                disk_used_pct=0.0)
-            faults.append(Fault(kind="agent", detail=f"host metrics failed: {err!r}"[:256]))
+            faults.append(Fault(kind="agent", detail=short_text(f"host metrics failed: {err!r}")))
         faults.extend(gpu_faults(gpus))
         faults.extend(faults_for_report(plan))
         faults.extend(job_faults(jobs, plan))

@@ -39,6 +39,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from pydantic import ValidationError
 
+from schemas.envelope import short_text
 from schemas.events.v1 import (
     Command,
     CommandResult,
@@ -121,7 +122,7 @@ def gpu_metrics(node: SimNode, index: int) -> GpuMetrics:
     on_gpu = [a.fault for a in node.faults if a.fault.gpu_index == index]
     return GpuMetrics(
         index=index,
-        uuid=f"GPU-SIM-{node.node_id}-{index}"[:256],
+        uuid=short_text(f"GPU-SIM-{node.node_id}-{index}"),
         name="Simulated GPU",
         utilization_pct=round(load, 3),
         memory_used_mib=int(GPU_MEMORY_MIB * (0.05 + 0.85 * load / 100.0)),

@@ -12,9 +12,25 @@ SCHEMA_VERSION: Final = 1
 # The pydantic defaults accept every one of them.
 STRICT = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True, frozen=True)
 
-Identifier = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,128}$")]
-ShortText = Annotated[str, StringConstraints(max_length=256)]
-Reason = Annotated[str, StringConstraints(min_length=1, max_length=500)]
+# The longest identifier, short text and reason the contract accepts. Text made from
+# unbounded input (an error, a joined list) is cut to fit with `short_text` or `reason_text`.
+IDENTIFIER_MAX: Final = 128
+SHORT_TEXT_MAX: Final = 256
+REASON_MAX: Final = 500
+
+Identifier = Annotated[str, StringConstraints(pattern=rf"^[A-Za-z0-9_.-]{{1,{IDENTIFIER_MAX}}}$")]
+ShortText = Annotated[str, StringConstraints(max_length=SHORT_TEXT_MAX)]
+Reason = Annotated[str, StringConstraints(min_length=1, max_length=REASON_MAX)]
+
+
+def short_text(text: str) -> str:
+    """`text` cut to fit a ShortText field or a text output value (its first 256 characters)."""
+    return text[:SHORT_TEXT_MAX]
+
+
+def reason_text(text: str) -> str:
+    """`text` cut to fit a Reason (its first 500 characters)."""
+    return text[:REASON_MAX]
 
 
 class Strict(BaseModel):

@@ -31,6 +31,7 @@ from numpy.typing import NDArray
 from agent.faults import ModelFault
 from agent.ml.data import PIXEL_MAX, Features, Labels, digits, split
 from agent.ml.infer import SoftmaxModel
+from schemas.envelope import short_text
 from schemas.events.v1 import InferenceCause, ModelState, ServedModel
 
 log = logging.getLogger("clusterwarden.agent.ml.serving")
@@ -260,7 +261,7 @@ class ModelServer:
             except Exception as err:
                 log.exception("loading model %s failed", name)
                 with self._lock:
-                    loaded.state, loaded.detail = "failed", repr(err)[:256]
+                    loaded.state, loaded.detail = "failed", short_text(repr(err))
                 continue
             with self._lock:
                 loaded.model, loaded.accuracy, loaded.state = model, accuracy, "ready"
@@ -330,7 +331,7 @@ class ModelServer:
         except Exception as err:
             log.exception("model %s failed on an input", spec.key)
             return Answer("model_fault", elapsed_ms(), family=spec.family,
-                          detail=f"exception in model code: {err!r}"[:256])
+                          detail=short_text(f"exception in model code: {err!r}"))
         why = check_output(probabilities)
         if why is not None:
             return Answer("model_fault", elapsed_ms(), family=spec.family, detail=why)

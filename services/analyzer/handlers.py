@@ -8,18 +8,18 @@ each pool's health (nodes per state, unhealthy fraction, utilisation) for the sc
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime
-from uuid import NAMESPACE_URL, uuid5
+from uuid import uuid5
 
+from schemas import ids
 from schemas.events.v1 import (
-    NodeMode,
     NodeState,
-    NodeStateName,
     OpsNeed,
     PoolHealth,
     SampleBatch,
     now_utc,
+    state_from_mode,
 )
 from schemas.topics import Topic
 from services.analyzer.faults import classify
@@ -32,10 +32,6 @@ from services.shared.redis_client import Keys
 
 log = logging.getLogger("clusterwarden.analyzer")
 SOURCE = "analyzer"
-_IDS = uuid5(NAMESPACE_URL, "clusterwarden/analyzer")
-_STATE_OF_MODE: Mapping[NodeMode, NodeStateName] = {
-    "active": "up", "draining": "draining", "offline": "offline",
-}
 
 
 class Analyzer:
@@ -65,7 +61,7 @@ class Analyzer:
         await self.evaluate_nodes([
             NodeObservation(
                 cluster_id=sample.cluster_id, node_id=sample.node_id, pool=sample.pool,
-                state=_STATE_OF_MODE[sample.mode],
+                state=state_from_mode(sample.mode),
                 fault_count=sample.fault_count, faults=tuple(sample.faults),
                 consecutive_faulty=run, gpu_utilization_pct=sample.gpu_utilization_pct,
                 observed_at=sample.reported_at, source_event_id=sample.report_event_id,
@@ -178,7 +174,8 @@ class Analyzer:
 def pool_health(pool: PoolObservation, now: datetime) -> PoolHealth:
     """The published health of a pool at one analysis period."""
     return PoolHealth(
-        event_id=uuid5(_IDS, f"health:{pool.cluster_id}:{pool.pool}:{now.timestamp():.3f}"),
+        event_id=uuid5(ids.POOL_HEALTH,
+                       f"health:{pool.cluster_id}:{pool.pool}:{now.timestamp():.3f}"),
         source=SOURCE, occurred_at=now, cluster_id=pool.cluster_id, subject=pool.pool,
         pool=pool.pool, nodes_total=pool.nodes_total,
         nodes_by_state=dict(pool.nodes_by_state),

@@ -12,6 +12,7 @@ from fastapi import Depends, HTTPException, Request, Security, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from redis.asyncio import Redis
 
+from schemas.envelope import reason_text, short_text
 from services.analyzer.settings import AnalyzerSettings
 from services.api.auth import Principal, Role, TokenTable
 from services.api.cluster import ClusterReader
@@ -69,7 +70,8 @@ async def audit(rt: Runtime, principal: Principal | None, action: str, target: s
         await append_audit(
             session, actor=principal.user if principal else ANONYMOUS,
             role=principal.role if principal else "none", action=action,
-            target=target[:256], reason=reason[:500], result=result[:256], detail=detail,
+            target=short_text(target), reason=reason_text(reason), result=short_text(result),
+            detail=detail,
         )
 
 

@@ -23,6 +23,7 @@ from schemas.events.v1 import (
     Sample,
     SetReportInterval,
     now_utc,
+    state_from_mode,
 )
 from schemas.topics import Topic
 from services.collector import policy
@@ -91,7 +92,7 @@ class Collector:
             summary = policy.summarize(report, SOURCE, now)
             summaries.append((record.partition, summary))
             records.append(record)
-            usable.append((report, policy.state_from_mode(report.mode),
+            usable.append((report, state_from_mode(report.mode),
                            summary.gpu_utilization_pct))
         if usable:
             await self.apply(usable, records, summaries, outcomes, now)

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import datetime
 from typing import Literal
-from uuid import NAMESPACE_URL, UUID, uuid5
+from uuid import UUID, uuid5
 
-from schemas.events.v1 import NodeMode, NodeReport, NodeStateName, Sample, SampleBatch
+from schemas import ids
+from schemas.events.v1 import NodeReport, NodeStateName, Sample, SampleBatch
 
 TimestampVerdict = Literal["ok", "future", "stale"]
-
-_IDS = uuid5(NAMESPACE_URL, "clusterwarden/collector")
 
 
 def derived_id(kind: str, *parts: object) -> UUID:
     """A deterministic event id, so a redelivered report yields the same events (deduped)."""
-    return uuid5(_IDS, ":".join([kind, *map(str, parts)]))
+    return uuid5(ids.COLLECTOR, ":".join([kind, *map(str, parts)]))
 
 
 def timestamp_verdict(
@@ -29,16 +27,6 @@ def timestamp_verdict(
     if age > stale_after_s:
         return "stale"
     return "ok"
-
-
-_STATE_OF_MODE: Mapping[NodeMode, NodeStateName] = {
-    "active": "up", "draining": "draining", "offline": "offline",
-}
-
-
-def state_from_mode(mode: NodeMode) -> NodeStateName:
-    """The node state a report implies: a reporting node is up unless it drained itself."""
-    return _STATE_OF_MODE[mode]
 
 
 def heartbeat_state(

@@ -19,12 +19,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any, cast
-from uuid import NAMESPACE_URL, UUID, uuid5
+from uuid import UUID, uuid5
 
 from cryptography.hazmat.primitives import serialization
 from pydantic import TypeAdapter
 from redis.asyncio import Redis
 
+from schemas import ids
+from schemas.envelope import short_text
 from schemas.events.v1 import (
     AddCapacity,
     DrainNode,
@@ -66,7 +68,6 @@ from services.shared.redis_client import Keys, text
 from services.shared.signing import ensure_keypair, key_id, load_private_key
 
 log = logging.getLogger("clusterwarden.executor.centre")
-_IDS = uuid5(NAMESPACE_URL, "clusterwarden/executor/centre")
 _OUTPUTS = TypeAdapter(dict[str, OutputValue])
 # A remove-node child moves every job of its node, however many (the schema's maximum).
 EVACUATE_ALL = 64
@@ -77,7 +78,7 @@ LEAVING_KINDS: frozenset[str] = frozenset({"offline", "remove_node"})
 def child_task_id(parent: OpsTask, index: int, command_id: UUID, kind: str, name: str) -> UUID:
     """A child's id: the same step attempt planning the same job or node gives the same id,
     so a re-published child is deduplicated; another attempt gets new children."""
-    return uuid5(_IDS, f"{parent.task_id}:{index}:{command_id}:{kind}:{name}")
+    return uuid5(ids.CENTRE_CHILDREN, f"{parent.task_id}:{index}:{command_id}:{kind}:{name}")
 
 
 class Centre:
@@ -158,7 +159,7 @@ class Centre:
         outputs = plan.outputs() | {"provider": self.provider.name}
         if dry_run:
             return Completed(outputs | {"dry_run": True, "added": 0,
-                                        "would_add": ",".join(plan.nodes)[:256]})
+                                        "would_add": short_text(",".join(plan.nodes))})
         if not plan.nodes:
             return Completed(outputs | {"added": 0})
         try:
@@ -167,10 +168,10 @@ class Centre:
         except Exception as err:
             return _provider_failed("acquire", err)
         if len(added) < len(plan.nodes):
-            outputs["reason"] = (f"{plan.reason}; only {len(added)} of {len(plan.nodes)} "
-                                 "standby nodes were free")[:256]
+            outputs["reason"] = short_text(f"{plan.reason}; only {len(added)} of "
+                                           f"{len(plan.nodes)} standby nodes were free")
         ready = await self._wait_up(cluster, pool_name, added)
-        return Completed(outputs | {"added": len(added), "added_nodes": ",".join(added)[:256],
+        return Completed(outputs | {"added": len(added), "added_nodes": short_text(",".join(added)),
                                     "ready": ready})
 
     async def _remove_capacity(self, task: OpsTask, index: int, action: RemoveCapacity,
@@ -189,7 +190,7 @@ class Centre:
         outputs = plan.outputs() | {"provider": self.provider.name}
         if dry_run:
             return Completed(outputs | {"dry_run": True, "removed": 0,
-                                        "would_remove": ",".join(plan.nodes)[:256]})
+                                        "would_remove": short_text(",".join(plan.nodes))})
         if not plan.nodes:
             return Completed(outputs | {"removed": 0})
         children = [self.remove_child(task, index, command_id, node, pool_name)
@@ -230,7 +231,7 @@ class Centre:
         reason = f"{what}: {len(moves)} job(s) to move"
         if unplaced:
             reason += f", {unplaced} with no destination"
-        outputs["reason"] = reason[:256]
+        outputs["reason"] = short_text(reason)
         if dry_run:
             return Completed(outputs | {"dry_run": True, "moved": 0})
         children = [self.migrate_child(task, index, command_id, move, action.pool)
@@ -306,7 +307,7 @@ class Centre:
                pool: str, mutex: list[str], steps: list[Step]) -> OpsTask:
         suffix = "migrate" if action_type == "migrate" else "remove"
         return OpsTask(
-            event_id=uuid5(_IDS, f"{task_id}:created"),
+            event_id=uuid5(ids.CENTRE_CHILDREN, f"{task_id}:created"),
             source=self.source,
             occurred_at=self.clock(),
             cluster_id=parent.cluster_id,
@@ -381,7 +382,7 @@ class Centre:
 
 def _provider_failed(call: str, err: Exception) -> Failed:
     log.warning("capacity provider %s failed: %s", call, err)
-    return Failed(f"provider_error: {call}: {err}"[:256], permanent=False)
+    return Failed(short_text(f"provider_error: {call}: {err}"), permanent=False)
 
 
 # ---------------------------------------------------------------- wiring

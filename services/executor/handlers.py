@@ -16,10 +16,12 @@ import os
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
-from uuid import NAMESPACE_URL, UUID, uuid5
+from uuid import UUID, uuid5
 
 from redis.asyncio import Redis
 
+from schemas import ids
+from schemas.envelope import short_text
 from schemas.events.v1 import (
     Action,
     AddCapacity,
@@ -73,7 +75,6 @@ from services.shared.signing import CommandSigner
 
 log = logging.getLogger("clusterwarden.executor")
 SOURCE = "executor"
-_IDS = uuid5(NAMESPACE_URL, "clusterwarden/executor")
 MAX_OUTPUTS = 32  # the schema's bound on TaskEvent.outputs
 _CENTRE_TYPES = (AddCapacity, RemoveCapacity, MigrateJobs, ReleaseNode)
 # Controls that also apply to a parent's open children. Retry and jump do not: a retried
@@ -89,15 +90,15 @@ def command_id_for(task_id: UUID, step: int, attempt: int, run: int = 0) -> UUID
     to the run before it.
     """
     suffix = f":r{run}" if run else ""
-    return uuid5(_IDS, f"{task_id}:{step}:{attempt}{suffix}")
+    return uuid5(ids.EXECUTOR, f"{task_id}:{step}:{attempt}{suffix}")
 
 
 def query_id_for(command_id: str, number: int) -> UUID:
-    return uuid5(_IDS, f"query:{command_id}:{number}")
+    return uuid5(ids.EXECUTOR, f"query:{command_id}:{number}")
 
 
 def cancel_id_for(command_id: str) -> UUID:
-    return uuid5(_IDS, f"cancel:{command_id}")
+    return uuid5(ids.EXECUTOR, f"cancel:{command_id}")
 
 
 def agent_action(step: Step) -> Action | None:
@@ -182,7 +183,7 @@ class Executor:
 
     async def _skip(self, wf: Workflow, step: Step, why: str) -> bool:
         """Record a step skipped by its guard; True if the next step is to be started."""
-        outputs = {"skipped": True, "guard": step.guard or "", "reason": why[:256]}
+        outputs = {"skipped": True, "guard": step.guard or "", "reason": short_text(why)}
         ended = await self.journal.step_ended(wf, "skipped", outputs=outputs,
                                               kick_ms=self._kick_ms(),
                                               reason="every step completed or skipped")
@@ -286,7 +287,7 @@ class Executor:
         for child in waiting.children:
             # `created` first: the task store must know a task before any later transition.
             await self.bus.publish(Topic.OPS_TASK_EVENTS, TaskEvent(
-                event_id=uuid5(_IDS, f"{child.task_id}:created"),
+                event_id=uuid5(ids.EXECUTOR, f"{child.task_id}:created"),
                 source=SOURCE, occurred_at=now_utc(), cluster_id=child.cluster_id,
                 subject=str(child.task_id), correlation_id=str(child.need_id),
                 task_id=child.task_id, parent_task_id=child.parent_task_id, state="created",
@@ -676,9 +677,9 @@ class Executor:
         if control.action in FORWARDED_CONTROLS:
             for child in await self.journal.open_children(wf.task_id, wf.step):
                 await self.apply_control(
-                    control.model_copy(update={"reason": f"via parent {wf.task_id}: "
-                                                         f"{control.reason}"[:256]}),
-                    UUID(child), str(uuid5(_IDS, f"{control_id}:{child}")))
+                    control.model_copy(update={"reason": short_text(
+                        f"via parent {wf.task_id}: {control.reason}")}),
+                    UUID(child), str(uuid5(ids.EXECUTOR, f"{control_id}:{child}")))
         return True
 
     @staticmethod
@@ -721,7 +722,7 @@ class Executor:
                 timers="clear", ttl="persist")
         return await self.journal.transition(
             wf, control_id, {"state": "terminated", "cause": "terminated", "pause": "",
-                             "reason": f"terminate: {control.reason}"[:256]},
+                             "reason": short_text(f"terminate: {control.reason}")},
             timers="clear", ttl="expire")
 
     async def _after_control(self, control: TaskControl, wf: Workflow, control_id: str,
@@ -765,10 +766,10 @@ class Executor:
         else:
             outputs["pending"] = True
         await self.bus.publish(Topic.OPS_TASK_EVENTS, TaskEvent(
-            event_id=uuid5(_IDS, f"control:{control_id}"), source=SOURCE,
+            event_id=uuid5(ids.EXECUTOR, f"control:{control_id}"), source=SOURCE,
             occurred_at=now_utc(), cluster_id=control.cluster_id, subject=str(task_id),
             correlation_id=control.correlation_id, task_id=task_id, state=state,
-            previous_state=state, actor=control.actor, reason=reason[:256], outputs=outputs,
+            previous_state=state, actor=control.actor, reason=short_text(reason), outputs=outputs,
         ))
 
     # -------------------------------------------------------- events
@@ -791,12 +792,12 @@ class Executor:
         await self.bus.publish(
             Topic.OPS_TASK_EVENTS,
             TaskEvent(
-                event_id=uuid5(_IDS, event_key or f"{task.task_id}:{discriminator}"),
+                event_id=uuid5(ids.EXECUTOR, event_key or f"{task.task_id}:{discriminator}"),
                 source=SOURCE, occurred_at=now_utc(), cluster_id=task.cluster_id,
                 subject=str(task.task_id), correlation_id=str(task.need_id),
                 task_id=task.task_id, parent_task_id=task.parent_task_id,
                 state=state, previous_state=previous, step_index=step, step_state=step_state,
-                command_id=command_id, actor=actor, reason=reason[:256],
+                command_id=command_id, actor=actor, reason=short_text(reason),
                 outputs=_bounded(outputs or {}),
             ),
         )

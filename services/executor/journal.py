@@ -21,6 +21,7 @@ from typing import Any, Literal, cast
 
 from redis.asyncio import Redis
 
+from schemas.envelope import short_text
 from schemas.events.v1 import OpsTask, OutputValue, StepState, TaskState
 from services.shared.redis_client import Keys, members, text
 
@@ -480,7 +481,7 @@ class Journal:
                   self.keys.workflow_retries()],
             args=[wf.command_id, wf.step, wf.attempt, wf.run, outcome,
                   json.dumps(outputs or {}), wf.task_id, kick_ms,
-                  "" if retry_at_ms is None else retry_at_ms, reason[:256], cause,
+                  "" if retry_at_ms is None else retry_at_ms, short_text(reason), cause,
                   FINAL_TTL_S, len(wf.task.steps)],
         )
         values = [_decode(v) for v in reply]
@@ -562,7 +563,7 @@ class Journal:
             keys=[self.keys.workflow(task_id), self.keys.workflow_controls(task_id),
                   self.controls_seen(task_id)],
             args=["clear" if action is None else "set", control_id, action or "", actor,
-                  reason[:256], FINAL_TTL_S],
+                  short_text(reason), FINAL_TTL_S],
         ))
 
     async def control_seen(self, task_id: str, control_id: str) -> bool:

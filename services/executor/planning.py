@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, NamedTuple
 
+from schemas.envelope import short_text
 from schemas.events.v1 import Guard, OutputValue
 from services.analyzer.needs.hysteresis import BandArgs
 from services.capacity.provider import NodeOffer
@@ -282,8 +283,8 @@ class CapacityPlan:
             "target_nodes": self.target_nodes,
             "target_gpus": self.target_gpus,
             "target_util_pct": round(self.target_util_pct, 1),
-            "nodes": ",".join(self.nodes)[:256],
-            "reason": self.reason[:256],
+            "nodes": short_text(",".join(self.nodes)),
+            "reason": short_text(self.reason),
         }
 
 
@@ -544,4 +545,4 @@ def evacuation_moves(pool: PoolView, node: NodeView, max_jobs: int) -> tuple[lis
 
 def moves_text(moves: Sequence[Move]) -> str:
     """Moves as recorded in outputs: "job:src>dst,..." (bounded like every output)."""
-    return ",".join(f"{m.job.job_id}:{m.src}>{m.dst}" for m in moves)[:256]
+    return short_text(",".join(f"{m.job.job_id}:{m.src}>{m.dst}" for m in moves))

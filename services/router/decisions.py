@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
-from uuid import NAMESPACE_URL, UUID, uuid5
+from uuid import UUID, uuid5
 
 from policy.attribution import Cause, attribute
 from policy.selector import Avoid, Decision, Task, replay
+from schemas import ids
+from schemas.envelope import SHORT_TEXT_MAX
 from schemas.events.v1 import (
     CandidateVerdict,
     CommandPayload,
@@ -28,8 +30,6 @@ from services.router.records import AttemptRecord, TaskRecord
 from services.router.registry import split_model
 
 SOURCE = "router"
-SHORT = 256
-_IDS = uuid5(NAMESPACE_URL, "clusterwarden/ml-routing")
 
 # The router's words for what went wrong -> the selector's attribution. `unavailable` (the
 # router's view was stale: the model was not ready there, the agent refused the command)
@@ -70,11 +70,11 @@ def at(seconds: float) -> datetime:
 
 def command_id_for(task_id: UUID, attempt: int) -> UUID:
     """The run_inference command of an attempt: the same id if the attempt is sent again."""
-    return uuid5(_IDS, f"{task_id}:{attempt}:command")
+    return uuid5(ids.ML_ROUTING, f"{task_id}:{attempt}:command")
 
 
 def outcome_id_for(task_id: UUID, attempt: int, final: bool) -> UUID:
-    return uuid5(_IDS, f"{task_id}:{attempt}:outcome:{int(final)}")
+    return uuid5(ids.ML_ROUTING, f"{task_id}:{attempt}:outcome:{int(final)}")
 
 
 def policy_task(record: TaskRecord) -> Task:
@@ -101,7 +101,7 @@ def cause_of(result: CommandResult) -> InferenceCause | None:
 
 
 def _short(value: str) -> str:
-    return value if len(value) <= SHORT else value[: SHORT - 1] + "~"
+    return value if len(value) <= SHORT_TEXT_MAX else value[: SHORT_TEXT_MAX - 1] + "~"
 
 
 def _compact_inputs(inputs: dict[str, Any]) -> dict[str, Any]:

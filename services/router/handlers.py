@@ -34,7 +34,7 @@ from redis.asyncio.client import Pipeline
 from policy.selector import Attempt, RetryBudget, commit, retry_plan, select, snapshot_keys
 from policy.stats import Outcome, record, record_keys
 from schemas.catalog import TOPIC_MODELS
-from schemas.envelope import Envelope
+from schemas.envelope import Envelope, short_text
 from schemas.events.v1 import CommandResult, InferenceCause, MlTaskSubmitted, NodeReport
 from schemas.topics import Topic
 from services.router.decisions import (
@@ -147,8 +147,8 @@ class Router:
             node_latency_ms=inference.latency_ms if inference else None,
             prediction=inference.prediction if inference else None,
             confidence=inference.confidence if inference else None,
-            detail=(inference.detail if inference and inference.detail
-                    else result.reason)[:256])
+            detail=short_text(inference.detail if inference and inference.detail
+                              else result.reason))
         async with self._one_at_a_time(result.task_id):
             if await self._end_attempt(result.task_id, result.command_id, ended):
                 await self._advance(result.task_id)

@@ -12,8 +12,10 @@ import hashlib
 import logging
 from dataclasses import dataclass, field
 from typing import Literal
-from uuid import NAMESPACE_URL, uuid4, uuid5
+from uuid import uuid4, uuid5
 
+from schemas import ids
+from schemas.envelope import IDENTIFIER_MAX, short_text
 from schemas.events.v1 import (
     Alert,
     OpsTask,
@@ -36,16 +38,12 @@ from services.shared.messaging import EventBus
 
 log = logging.getLogger("clusterwarden.scheduler")
 SOURCE = "scheduler"
-_IDS = uuid5(NAMESPACE_URL, "clusterwarden/task-events")
-_ALERT_IDS = uuid5(NAMESPACE_URL, "clusterwarden/breaker-alerts")
-_RESET_IDS = uuid5(NAMESPACE_URL, "clusterwarden/breaker-resets")
 FINAL_OUTCOMES: frozenset[TaskState] = frozenset({"succeeded", "failed"})
 # A terminated task fed no outcome to its breaker, but its node is back in the budget.
 FINAL_STATES: frozenset[TaskState] = FINAL_OUTCOMES | {"terminated"}
 # The executor's `cause` of a failure the agent refused before doing anything (a precondition,
 # a stale command): it says nothing about whether the adjustment works, so no breaker counts it.
 REJECTED = "rejected"
-IDENTIFIER_MAX = 128
 
 # "trial": admitted as the breaker's half-open trial; "counted": admitted and counted in the
 # pool's budget by this call. Both are undone if a later limit holds the task back.
@@ -71,10 +69,10 @@ def reset_alert(cluster: str, name: str, reset: BreakerReset, source: str) -> Al
     entry = reset.record.entry
     key = dedup_key("breaker-reset", cluster, name, str(entry.seq))
     return Alert(
-        event_id=uuid5(_RESET_IDS, reset.record.hash), source=source, occurred_at=now_utc(),
+        event_id=uuid5(ids.BREAKER_RESETS, reset.record.hash), source=source, occurred_at=now_utc(),
         cluster_id=cluster, subject=key, severity="info", kind="breaker_reset", dedup_key=key,
-        message=(f"breaker {name} on {cluster} reset by {entry.actor} "
-                 f"({reset.before.status} -> {reset.after.status}): {entry.reason}")[:256],
+        message=short_text(f"breaker {name} on {cluster} reset by {entry.actor} "
+                           f"({reset.before.status} -> {reset.after.status}): {entry.reason}"),
     )
 
 
@@ -91,7 +89,7 @@ def task_event(task: OpsTask, state: TaskState, previous: TaskState | None, reas
                discriminator: str = "") -> TaskEvent:
     """A transition of `task`, with an id that is the same if the transition is replayed."""
     return TaskEvent(
-        event_id=uuid5(_IDS, f"{task.task_id}:{state}:{discriminator}"),
+        event_id=uuid5(ids.TASK_EVENTS, f"{task.task_id}:{state}:{discriminator}"),
         source=SOURCE, occurred_at=now_utc(), cluster_id=task.cluster_id,
         subject=str(task.task_id), correlation_id=str(task.need_id),
         task_id=task.task_id, parent_task_id=task.parent_task_id,
@@ -167,7 +165,7 @@ class Scheduler:
             await self.bus.publish(
                 Topic.OPS_TASKS_SCHEDULED,
                 TaskScheduled(
-                    event_id=uuid5(_IDS, f"{task.task_id}:scheduled:{epoch}"),
+                    event_id=uuid5(ids.TASK_EVENTS, f"{task.task_id}:scheduled:{epoch}"),
                     source=SOURCE, occurred_at=now_utc(), cluster_id=task.cluster_id,
                     subject=str(task.task_id), correlation_id=str(task.need_id),
                     task=task, epoch=epoch,
@@ -301,7 +299,7 @@ class Scheduler:
         await self.bus.publish(Topic.OPS_ALERTS, Alert(
             event_id=uuid4(), source=SOURCE, occurred_at=now_utc(), cluster_id=cluster,
             subject=key, severity="critical", kind="short_circuit", dedup_key=key,
-            message=f"automation held back on pool {pool}: {verdict.reason}"[:256],
+            message=short_text(f"automation held back on pool {pool}: {verdict.reason}"),
         ))
         await self.safety.mark_alerted(cluster, pool, ttl_s)
         log.warning("alert: short-circuit on %s/%s: %s", cluster, pool, verdict.reason)
@@ -368,12 +366,12 @@ class Scheduler:
         # The event id is fixed per opening, so two schedulers racing here publish one alert
         # as far as any deduplicating consumer is concerned.
         await self.bus.publish(Topic.OPS_ALERTS, Alert(
-            event_id=uuid5(_ALERT_IDS, f"{key}:{state.openings}"),
+            event_id=uuid5(ids.BREAKER_ALERTS, f"{key}:{state.openings}"),
             source=SOURCE, occurred_at=now_utc(), cluster_id=cluster, subject=key,
             severity="critical", kind="breaker_open", dedup_key=key,
-            message=(f"circuit breaker for {name} on {cluster} is open after "
-                     f"{sum(state.window)} failure(s) in the last {len(state.window)}; "
-                     f"automation of {name} is stopped")[:256],
+            message=short_text(f"circuit breaker for {name} on {cluster} is open after "
+                               f"{sum(state.window)} failure(s) in the last "
+                               f"{len(state.window)}; automation of {name} is stopped"),
         ))
         await self.breakers.mark_alerted(cluster, name, state.openings)
         log.warning("alert: breaker %s/%s open (opening %d)", cluster, name, state.openings)

@@ -27,7 +27,7 @@ from typing import Annotated, Literal, cast
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 from redis.asyncio import Redis
 
-from schemas.envelope import Identifier, Reason
+from schemas.envelope import SHORT_TEXT_MAX, Identifier, Reason, ShortText
 from services.shared.redis_client import Keys, text
 
 GENESIS = "0" * 64
@@ -36,8 +36,8 @@ READ_BATCH = 500
 
 Role = Literal["viewer", "operator", "admin", "service"]
 Hash = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
-Target = Annotated[str, StringConstraints(min_length=1, max_length=256)]
-Result = Annotated[str, StringConstraints(max_length=256)]
+Target = Annotated[str, StringConstraints(min_length=1, max_length=SHORT_TEXT_MAX)]
+Result = ShortText
 
 # KEYS[1] stream, KEYS[2] head hash, KEYS[3] guarded hash (ignored without a guard).
 # ARGV[1] head hash the entry was chained to ('' = none yet), ARGV[2] the entry's hash,

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
-from uuid import NAMESPACE_URL, uuid5
+from uuid import uuid5
 
+from schemas import ids
 from schemas.events.v1 import NeedKind, OpsNeed, TaskEvent, now_utc
 from schemas.topics import Topic
 from services.shared.errors import PermanentError
@@ -13,7 +14,6 @@ from services.templater.templates import PlanError, Template, plan
 
 log = logging.getLogger("clusterwarden.templater")
 SOURCE = "templater"
-_IDS = uuid5(NAMESPACE_URL, "clusterwarden/task-events")
 
 
 class Templater:
@@ -38,7 +38,7 @@ class Templater:
         await self.bus.publish(
             Topic.OPS_TASK_EVENTS,
             TaskEvent(
-                event_id=uuid5(_IDS, f"{task.task_id}:created"),
+                event_id=uuid5(ids.TASK_EVENTS, f"{task.task_id}:created"),
                 source=SOURCE, occurred_at=now, cluster_id=task.cluster_id,
                 subject=str(task.task_id), correlation_id=str(need.event_id),
                 task_id=task.task_id, state="created", actor=SOURCE,

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, get_args
-from uuid import NAMESPACE_URL, uuid5
+from uuid import uuid5
 
 import yaml
 from pydantic import (
@@ -32,6 +32,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from schemas import ids
 from schemas.events.v1 import (
     Guard,
     NeedKind,
@@ -53,7 +54,6 @@ from services.templater.placeholders import (
 )
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
-_IDS = uuid5(NAMESPACE_URL, "clusterwarden/templater")
 _STEP_ACTION = TypeAdapter[StepAction](StepAction)
 # The scheduler's limit on the locks of one task (OpsTask.mutex_keys).
 MAX_LOCK_KEYS = 16
@@ -417,7 +417,7 @@ def plan(template: Template, need: OpsNeed, now: datetime, source: str,
         "target": need.target, "cluster": need.cluster_id, "pool": need.pool,
     }
     values = {**template.parameters, **need_values}
-    task_id = uuid5(_IDS, f"task:{need.event_id}:{template.name}:{template.version}")
+    task_id = uuid5(ids.TEMPLATER_TASKS, f"task:{need.event_id}:{template.name}:{template.version}")
     steps: list[Step] = []
     for i, s in enumerate(template.steps):
         try:
@@ -431,7 +431,7 @@ def plan(template: Template, need: OpsNeed, now: datetime, source: str,
                             f"do not make a valid action: {err}") from err
     try:
         return OpsTask(
-            event_id=uuid5(_IDS, f"event:{task_id}"),
+            event_id=uuid5(ids.TEMPLATER_TASKS, f"event:{task_id}"),
             source=source,
             occurred_at=now,
             cluster_id=need.cluster_id,

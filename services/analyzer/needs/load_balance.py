@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from datetime import datetime
 from typing import Final
-from uuid import NAMESPACE_URL, uuid5
 
 from pydantic import Field, model_validator
 
+from schemas import ids
+from schemas.envelope import short_text
 from schemas.events.v1 import Evidence
 from services.analyzer.conditions import ConditionState, Evaluation
 from services.analyzer.needs.hysteresis import (
@@ -22,7 +23,6 @@ from services.analyzer.observation import NodeObservation
 
 NAME: Final = "load_balance"
 LEVEL: Final = "node"
-_IDS = uuid5(NAMESPACE_URL, "clusterwarden/needs/load_balance")
 
 
 class Args(BandArgs):
@@ -64,22 +64,22 @@ def evaluate(
         return Evaluation(state, [])
     pool_value = obs.pool_effective_utilization_pct or 0.0
     need = episode_need(
-        _IDS, cluster=obs.cluster_id, pool=obs.pool, target=obs.node_id, kind="load_balance",
-        level=LEVEL, state=state, now=now, source=source, dry_run=dry_run,
+        ids.NEEDS_LOAD_BALANCE, cluster=obs.cluster_id, pool=obs.pool, target=obs.node_id,
+        kind="load_balance", level=LEVEL, state=state, now=now, source=source, dry_run=dry_run,
         cause=obs.source_event_id,
         evidence=[
             Evidence(
                 metric="node_gpu_utilization_pct", value=value,
                 range_low=args.low_enter, range_high=args.high_enter,
                 observed_at=obs.observed_at, source_event_id=obs.source_event_id,
-                detail=(f"{band_detail(side, value, args)}; "
-                        f"{held_detail(state, obs.observed_at, args.hold_s)}")[:256],
+                detail=short_text(f"{band_detail(side, value, args)}; "
+                                  f"{held_detail(state, obs.observed_at, args.hold_s)}"),
             ),
             Evidence(
                 metric="pool_effective_utilization_pct", value=pool_value,
                 range_low=args.pool_low, range_high=args.pool_high,
                 observed_at=obs.observed_at, source_event_id=obs.source_event_id,
-                detail=f"pool {obs.pool} inside its range: balancing, not scaling"[:256],
+                detail=short_text(f"pool {obs.pool} inside its range: balancing, not scaling"),
             ),
         ],
     )

@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Final
-from uuid import NAMESPACE_URL, uuid5
+from uuid import uuid5
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from schemas import ids
+from schemas.envelope import short_text
 from schemas.events.v1 import ActionClass, Evidence, NeedLevel, OpsNeed
 from services.analyzer.faults import (
     NODE_FAULT_ACTION,
@@ -21,7 +23,6 @@ from services.analyzer.observation import NodeObservation
 
 NAME: Final = "offline"
 LEVEL: Final = "node"
-_IDS = uuid5(NAMESPACE_URL, "clusterwarden/needs/offline")
 _MAX_EVIDENCE = 32
 
 
@@ -51,7 +52,7 @@ def _gpu_evidence(obs: NodeObservation, verdict: FaultVerdict) -> list[Evidence]
         Evidence(
             metric=f"gpu{index}_fault_count", value=float(len(lines)), range_low=0.0,
             range_high=0.0, observed_at=obs.observed_at, source_event_id=obs.source_event_id,
-            detail="; ".join(lines)[:256],
+            detail=short_text("; ".join(lines)),
         )
         for index, lines in sorted(by_gpu.items())
     ][: _MAX_EVIDENCE - 1]
@@ -77,7 +78,7 @@ def detect(
         evidence = [Evidence(
             metric="heartbeat_missed", value=1.0, range_low=0.0, range_high=0.0,
             observed_at=obs.observed_at, source_event_id=obs.source_event_id,
-            detail=obs.reason[:256],
+            detail=short_text(obs.reason),
         )]
         action, level = NODE_FAULT_ACTION, "node"
     elif obs.state in ("up", "suspect"):
@@ -92,8 +93,8 @@ def detect(
                 metric="node_fault_count", value=float(len(verdict.counted)), range_low=0.0,
                 range_high=float(args.fault_max), observed_at=obs.observed_at,
                 source_event_id=obs.source_event_id,
-                detail=(f"{obs.consecutive_faulty} consecutive faulty reports; "
-                        f"{verdict.detail}")[:256],
+                detail=short_text(f"{obs.consecutive_faulty} consecutive faulty reports; "
+                                  f"{verdict.detail}"),
             ),
             *_gpu_evidence(obs, verdict),
         ]
@@ -103,7 +104,8 @@ def detect(
         return []
     return [
         OpsNeed(
-            event_id=uuid5(_IDS, f"{obs.cluster_id}:{obs.node_id}:{obs.source_event_id}"),
+            event_id=uuid5(ids.NEEDS_OFFLINE,
+                           f"{obs.cluster_id}:{obs.node_id}:{obs.source_event_id}"),
             source=source,
             occurred_at=now,
             cluster_id=obs.cluster_id,

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from datetime import datetime
 from typing import Final
-from uuid import NAMESPACE_URL, uuid5
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from schemas import ids
+from schemas.envelope import short_text
 from schemas.events.v1 import Evidence
 from services.analyzer.conditions import ConditionState, Evaluation
 from services.analyzer.faults import FaultArgs, classify
@@ -16,7 +17,6 @@ from services.analyzer.observation import NodeObservation
 
 NAME: Final = "online"
 LEVEL: Final = "node"
-_IDS = uuid5(NAMESPACE_URL, "clusterwarden/needs/online")
 _HEALTHY: Final = "healthy"
 
 
@@ -54,14 +54,14 @@ def evaluate(
     held = held_detail(state, obs.observed_at, args.hold_s)
     recorded = f"; {verdict.detail}" if verdict.detail else ""
     need = episode_need(
-        _IDS, cluster=obs.cluster_id, pool=obs.pool, target=obs.node_id, kind="online",
+        ids.NEEDS_ONLINE, cluster=obs.cluster_id, pool=obs.pool, target=obs.node_id, kind="online",
         level=LEVEL, state=state, now=now, source=source, dry_run=dry_run,
         cause=obs.source_event_id,
         evidence=[
             Evidence(
                 metric="node_fault_count", value=0.0, range_low=0.0, range_high=0.0,
                 observed_at=obs.observed_at, source_event_id=obs.source_event_id,
-                detail=f"offline and fault-free: {held}{recorded}"[:256],
+                detail=short_text(f"offline and fault-free: {held}{recorded}"),
             )
         ],
     )

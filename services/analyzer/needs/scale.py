@@ -6,8 +6,9 @@ from collections.abc import Mapping
 from datetime import datetime
 from types import MappingProxyType
 from typing import Final
-from uuid import NAMESPACE_URL, uuid5
 
+from schemas import ids
+from schemas.envelope import short_text
 from schemas.events.v1 import Evidence, NeedKind
 from services.analyzer.conditions import ConditionState, Evaluation
 from services.analyzer.needs.hysteresis import (
@@ -23,7 +24,6 @@ from services.analyzer.observation import PoolObservation
 
 NAME: Final = "scale"
 LEVEL: Final = "cluster"
-_IDS = uuid5(NAMESPACE_URL, "clusterwarden/needs/scale")
 _KIND: Final[Mapping[Side, NeedKind]] = MappingProxyType({"high": "scale_out", "low": "scale_in"})
 
 
@@ -66,13 +66,13 @@ def evaluate(
               f"{obs.demand_pct:.1f}% demand, {obs.nodes_up} nodes up; "
               f"{held_detail(state, obs.observed_at, args.hold_s)}")
     need = episode_need(
-        _IDS, cluster=obs.cluster_id, pool=obs.pool, target=obs.pool, kind=kind, level=LEVEL,
-        state=state, now=now, source=source, dry_run=dry_run,
+        ids.NEEDS_SCALE, cluster=obs.cluster_id, pool=obs.pool, target=obs.pool, kind=kind,
+        level=LEVEL, state=state, now=now, source=source, dry_run=dry_run,
         evidence=[
             Evidence(
                 metric="pool_effective_utilization_pct", value=value,
                 range_low=args.low_enter, range_high=args.high_enter,
-                observed_at=obs.observed_at, detail=detail[:256],
+                observed_at=obs.observed_at, detail=short_text(detail),
             )
         ],
     )

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query, Request, status
 from pydantic import BaseModel, Field
 
-from schemas.envelope import Identifier
+from schemas.envelope import Identifier, reason_text
 from schemas.events.v1 import now_utc
 from schemas.topics import Topic
 from services.analyzer.needs.hysteresis import BandArgs
@@ -181,7 +181,7 @@ async def capacity(
         async with rt.store.session() as session:
             await append_audit(
                 session, actor="forecast", role="system", action="shadow_scale_out",
-                target=f"{cluster}/{pool}", reason=str(proposal.get("reason", ""))[:500],
+                target=f"{cluster}/{pool}", reason=reason_text(str(proposal.get("reason", ""))),
                 result="recorded, not acted on", detail={"proposal": proposal},
             )
     return CapacityOut(

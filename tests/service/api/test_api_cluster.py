@@ -8,11 +8,10 @@ from uuid import uuid4
 
 import pytest
 
-from schemas.events.v1 import Alert, JobInfo, NodeReport, PoolHealth, now_utc
+from schemas.events.v1 import Alert, JobInfo, NodeReport, PoolHealth, now_utc, state_from_mode
 from schemas.topics import Topic
 from services.analyzer.observation import PoolObservation
 from services.analyzer.store import AnalyzerStore, PoolStore
-from services.collector.policy import state_from_mode
 from services.collector.store import NodeStore
 from services.scheduler.breaker import Outcome
 from services.shared.audit import AuditLog

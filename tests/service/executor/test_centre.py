@@ -31,12 +31,12 @@ from schemas.events.v1 import (
     Step,
     StepAction,
     now_utc,
+    state_from_mode,
 )
 from services.analyzer.settings import AnalyzerSettings
 from services.capacity.local import LocalProvider
 from services.capacity.provider import NodeOffer, NoneProvider
 from services.capacity.settings import CapacitySettings
-from services.collector.policy import state_from_mode
 from services.collector.store import NodeStore
 from services.executor.centre import (
     Centre,

@@ -12,8 +12,7 @@ from uuid import uuid4
 import pytest
 from redis.asyncio import Redis
 
-from schemas.events.v1 import JobInfo, NodeMode, NodeReport, now_utc
-from services.collector.policy import state_from_mode
+from schemas.events.v1 import JobInfo, NodeMode, NodeReport, now_utc, state_from_mode
 from services.collector.store import JOBS_LISTED, NodeRow, NodeStore
 from services.executor.cluster_view import ClusterView
 from services.executor.planning import JobRef

@@ -1,0 +1,132 @@
+"""Ops tasks and their lifecycle: typed steps, the task, its scheduling, its transitions, an
+operator's control, and the alerts a human should see."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+from uuid import UUID
+
+from pydantic import Field, model_validator
+
+from schemas.envelope import Envelope, Identifier, Reason, ShortText, Strict
+from schemas.events.v1.actions import StepAction
+from schemas.events.v1.analysis import Evidence
+from schemas.events.v1.values import NeedKind, OutputValue, Priority, StepIndex
+
+TaskState = Literal[
+    "created", "queued", "dispatched", "running", "paused", "succeeded", "failed", "terminated"
+]
+StepState = Literal["scheduled", "started", "completed", "failed", "skipped"]
+
+# Conditions re-checked on fresh state just before a step runs; a step whose guard does not
+# hold is skipped, with the reason, instead of acting on a stale plan.
+Guard = Literal[
+    "pool_above_range",  # the pool's utilisation is above its range
+    "pool_below_range",  # the pool's utilisation is below its range
+    "nodes_out_of_range",  # some up node of the pool is outside the node range
+    "node_has_jobs",  # the step's node still runs jobs
+]
+
+
+class Step(Strict):
+    """One typed step of a task's plan."""
+
+    index: StepIndex
+    name: Identifier
+    action: StepAction
+    guard: Guard | None = Field(
+        default=None, description="Checked on fresh state just before the step runs."
+    )
+    timeout_s: Annotated[float, Field(gt=0.0, le=86_400.0)] = 60.0
+    max_attempts: Annotated[int, Field(ge=1, le=10)] = 3
+
+
+class OpsTask(Envelope):
+    """A task made from a need by a template: an ordered plan of steps."""
+
+    event_type: Literal["ops_task"] = "ops_task"
+    task_id: UUID
+    parent_task_id: UUID | None = None
+    need_id: UUID
+    need_kind: NeedKind
+    template: Identifier
+    action_type: Identifier | None = Field(
+        default=None,
+        description="What the task does, for breakers, budgets and rate limits "
+        "(e.g. migrate); None: the need kind.",
+    )
+    pool: Identifier = "default"
+    target: Identifier
+    priority: Priority
+    mutex_keys: list[Identifier] = Field(
+        min_length=1, max_length=16, description="Locks held while the task runs."
+    )
+    dry_run: bool = False
+    steps: list[Step] = Field(min_length=1, max_length=64)
+    evidence: list[Evidence] = Field(default_factory=list, max_length=32)
+
+    @property
+    def kind(self) -> str:
+        """The action type the task counts as (its breaker, budget and rate limit)."""
+        return self.action_type or self.need_kind
+
+    @model_validator(mode="after")
+    def _steps_in_order(self) -> OpsTask:
+        if [s.index for s in self.steps] != list(range(len(self.steps))):
+            raise ValueError("steps must be indexed 0..n-1 in order")
+        return self
+
+
+class TaskScheduled(Envelope):
+    """The scheduler handed a task to the executor under a fencing epoch."""
+
+    event_type: Literal["task_scheduled"] = "task_scheduled"
+    task: OpsTask
+    epoch: Annotated[int, Field(ge=1, le=2**63 - 1)]
+
+
+# ---------------------------------------------------------------- task lifecycle
+
+
+class TaskEvent(Envelope):
+    """Every transition of a task or one of its steps."""
+
+    event_type: Literal["task_event"] = "task_event"
+    task_id: UUID
+    parent_task_id: UUID | None = None
+    state: TaskState
+    previous_state: TaskState | None = None
+    step_index: StepIndex | None = None
+    step_state: StepState | None = None
+    command_id: UUID | None = None
+    actor: Identifier
+    reason: ShortText = ""
+    outputs: dict[Identifier, OutputValue] = Field(default_factory=dict, max_length=32)
+    task: OpsTask | None = Field(default=None, description="The full task, on `created` only.")
+
+
+class TaskControl(Envelope):
+    """An operator's intervention on a task."""
+
+    event_type: Literal["task_control"] = "task_control"
+    task_id: UUID
+    action: Literal["pause", "resume", "retry", "terminate", "jump"]
+    step_index: StepIndex | None = None
+    actor: Identifier
+    reason: Reason
+
+    @model_validator(mode="after")
+    def _jump_needs_step(self) -> TaskControl:
+        if (self.action == "jump") != (self.step_index is not None):
+            raise ValueError("step_index is required for jump and only for jump")
+        return self
+
+
+class Alert(Envelope):
+    """Something a human should see (breaker open, short-circuit, needs-human)."""
+
+    event_type: Literal["alert"] = "alert"
+    severity: Literal["info", "warning", "critical"]
+    kind: Identifier
+    dedup_key: Identifier
+    message: ShortText
