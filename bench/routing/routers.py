@@ -1,5 +1,5 @@
 """The routers compared: the production selector (unchanged, through a thin adapter) and
-the baselines of ROUTING.md §5.2, each with the defaults read in its source."""
+the baselines of docs/routing.md §The routers, each with the defaults read in its source."""
 
 from __future__ import annotations
 
