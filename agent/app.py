@@ -47,7 +47,8 @@ URGENT_POLL_S = 0.25
 # a job a failed migration let go restarts in seconds, not at a report an hour away.
 JOB_TICK_S = 0.5
 
-COMMAND_LIMIT_BYTES = 16_384  # RELIABILITY §4.4 step 1, checked before parsing
+# docs/reliability.md §Command verification, step 1: checked before parsing.
+COMMAND_LIMIT_BYTES = 16_384
 
 
 def make_jobs(settings: AgentSettings, state_dir: Path) -> JobRunner:

@@ -1,4 +1,5 @@
-"""Verifying and executing signed commands, in the order RELIABILITY.md §4.4 sets.
+"""Verifying and executing signed commands, in the order docs/reliability.md
+§Command verification sets.
 
 Every check runs before any side effect. A command that fails its key, algorithm or
 signature check raises PermanentError (it is dead-lettered: nobody trustworthy is waiting

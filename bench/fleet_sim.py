@@ -32,11 +32,12 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 from uuid import uuid4
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.structs import RecordMetadata
 from pydantic import ValidationError
 
 from schemas.envelope import short_text
@@ -217,8 +218,8 @@ class FleetSim:
         self.stats = FleetStats()
         self.faulty_reports: dict[str, FaultyReport] = {}
         self.first_sent: dict[str, float] = {}  # tag -> when its first report was sent
-        self._producer: Any = None
-        self._consumer: Any = None
+        self._producer: AIOKafkaProducer | None = None
+        self._consumer: AIOKafkaConsumer | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     # ------------------------------------------------------------ controls
@@ -258,18 +259,20 @@ class FleetSim:
 
     async def start(self) -> None:
         # Created here, not in __init__: aiokafka clients must be made inside the loop.
-        self._producer = AIOKafkaProducer(
+        producer = self._producer = AIOKafkaProducer(
             bootstrap_servers=self.bootstrap, client_id="fleet-sim", enable_idempotence=True,
             acks="all", linger_ms=5, request_timeout_ms=15_000)
-        await self._producer.start()
-        self._tasks.append(asyncio.create_task(self._report_loop(), name="fleet-reports"))
+        await producer.start()
+        self._tasks.append(asyncio.create_task(self._report_loop(producer),
+                                               name="fleet-reports"))
         if self.verifier is not None:
-            self._consumer = AIOKafkaConsumer(
+            consumer = self._consumer = AIOKafkaConsumer(
                 topic_name(Topic.NODE_COMMANDS, self.namespace),
                 bootstrap_servers=self.bootstrap, auto_offset_reset="earliest",
                 enable_auto_commit=False)
-            await self._consumer.start()
-            self._tasks.append(asyncio.create_task(self._command_loop(), name="fleet-commands"))
+            await consumer.start()
+            self._tasks.append(asyncio.create_task(self._command_loop(consumer, producer),
+                                                   name="fleet-commands"))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -293,13 +296,13 @@ class FleetSim:
 
     # ------------------------------------------------------------ loops
 
-    async def _report_loop(self) -> None:
+    async def _report_loop(self, producer: AIOKafkaProducer) -> None:
         """Send each slot's reports on an absolute schedule; a late slot is sent at once."""
         reports = topic_name(Topic.NODE_REPORTS, self.namespace)
         slots = slot_count(len(self.order), self.interval_s)
         period = self.interval_s / slots
         start = time.monotonic()
-        pending: list[asyncio.Future[Any]] = []
+        pending: list[asyncio.Future[RecordMetadata]] = []
         tick = 0
         while True:
             due = start + tick * period
@@ -311,7 +314,7 @@ class FleetSim:
                 self.stats.max_lag_s = max(self.stats.max_lag_s, lag)
                 if lag > period:
                     self.stats.late_slots += 1
-            sent = []
+            sent: list[asyncio.Future[RecordMetadata]] = []
             now = now_utc()
             for index in slot_members(len(self.order), slots, tick % slots):
                 node = self.nodes[self.order[index]]
@@ -328,7 +331,7 @@ class FleetSim:
                                                                  sent_at, tags)
                     for tag in tags:
                         self.first_sent.setdefault(tag, sent_at)
-                sent.append(await self._producer.send(
+                sent.append(await producer.send(
                     reports, report.model_dump_json().encode(), key=node.node_id.encode(),
                     headers=[("content-type", b"application/json"),
                              ("event-type", b"node_report")]))
@@ -340,15 +343,16 @@ class FleetSim:
             self.stats.reports_sent += len(sent)
             tick += 1
 
-    async def _command_loop(self) -> None:
+    async def _command_loop(self, consumer: AIOKafkaConsumer,
+                            producer: AIOKafkaProducer) -> None:
         results = topic_name(Topic.NODE_COMMAND_RESULTS, self.namespace)
         while True:
-            batches = await self._consumer.getmany(timeout_ms=200)
+            batches = await consumer.getmany(timeout_ms=200)
             for records in batches.values():
                 for record in records:
                     answer = self.answer(record.value, record.key)
                     if answer is not None:
-                        await self._producer.send(
+                        await producer.send(
                             results, answer.model_dump_json().encode(),
                             key=answer.node_id.encode(),
                             headers=[("content-type", b"application/json"),
@@ -405,7 +409,7 @@ async def drop_namespace(bootstrap: str, redis_url: str | None, namespace: str) 
             finally:
                 await redis.aclose()
     with contextlib.suppress(Exception):
-        admin: Any = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
         await admin.start()
         try:
             await admin.delete_topics(list(all_topic_names(namespace)))

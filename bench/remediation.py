@@ -31,7 +31,7 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict
 from uuid import UUID, uuid4
 
 from aiokafka import AIOKafkaConsumer
@@ -40,7 +40,7 @@ from agent import fleet
 from agent.jobs import job_dir
 from agent.ml.runtime import STATUS_FILE
 from bench.common import exit_cleanly_on_sigterm, percentile
-from schemas.events.v1 import TaskEvent
+from schemas.events.v1 import OutputValue, TaskEvent
 from schemas.topics import Topic, topic_name
 from services import launcher
 from services.shared.messaging import ensure_topics
@@ -56,6 +56,36 @@ def status(state: Path, node: str, job: str) -> dict[str, Any]:
     except (FileNotFoundError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+class TrialResult(TypedDict):
+    """One fault: where the job went, how long each stage took (s) and the steps it lost."""
+
+    victim: str
+    destination: str
+    fault_to_running_s: float | None
+    detect_s: float | None
+    offline_s: float | None
+    migrated_s: float | None
+    last_step_seen: int
+    resumed_step: OutputValue | None
+    steps_lost: int | None
+
+
+class Spread(TypedDict):
+    p50: float | None
+    p99: float | None
+    max: float | None
+
+
+class Summary(TypedDict):
+    trials: int
+    job_running_again: int
+    fault_to_running_s: Spread
+    detect_s: Spread
+    offline_s: Spread
+    migrated_s: Spread
+    steps_lost: Spread
 
 
 class Events:
@@ -85,7 +115,7 @@ class Events:
 
 
 async def trial(state: Path, events: Events, victim: str, nodes: list[str],
-                interval: float, rng: random.Random) -> dict[str, Any]:
+                interval: float, rng: random.Random) -> TrialResult:
     job = f"{victim}.train"
     await asyncio.sleep(rng.uniform(0.0, interval))
     injected = time.time()
@@ -127,7 +157,7 @@ async def trial(state: Path, events: Events, victim: str, nodes: list[str],
 
 
 async def run(trials: int, spare: int, interval: float, bootstrap: str,
-              redis_url: str) -> list[dict[str, Any]]:
+              redis_url: str) -> list[TrialResult]:
     namespace = f"rem{uuid4().hex[:8]}"
     state = Path(tempfile.mkdtemp(prefix="cw-remediation-"))
     env = {
@@ -157,7 +187,7 @@ async def run(trials: int, spare: int, interval: float, bootstrap: str,
     await consumer.start()
     events = Events(consumer)
     pump = asyncio.create_task(events.pump())
-    results = []
+    results: list[TrialResult] = []
     try:
         # Every job trains before the first fault.
         deadline = time.monotonic() + 120
@@ -179,9 +209,12 @@ async def run(trials: int, spare: int, interval: float, bootstrap: str,
     return results
 
 
-def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
-    def stats(key: str) -> dict[str, float | None]:
-        values = [float(r[key]) for r in results if r.get(key) is not None]
+StageKey = Literal["fault_to_running_s", "detect_s", "offline_s", "migrated_s", "steps_lost"]
+
+
+def summary(results: list[TrialResult]) -> Summary:
+    def stats(key: StageKey) -> Spread:
+        values = [float(v) for r in results if (v := r[key]) is not None]
         if not values:
             return {"p50": None, "p99": None, "max": None}
         return {"p50": round(statistics.median(values), 2),

@@ -53,11 +53,12 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, cast
+from typing import Any, Literal, TypeVar, cast
 from uuid import UUID, uuid4
 
 from redis.asyncio import Redis
 from redis.asyncio.connection import Connection
+from redis.typing import EncodableT
 
 from bench.common import exit_cleanly_on_sigterm, percentile
 from schemas.envelope import Envelope
@@ -85,6 +86,9 @@ from services.shared.redis_client import Keys
 from services.shared.registry import register_nodes
 from services.shared.signing import CommandSigner, unb64url
 from tests.contracts.examples import DIGIT, examples
+
+# A message one of the driver's queues carries to the router.
+M = TypeVar("M")
 
 CLUSTER = "bench"
 TASK_TYPE = "digits"
@@ -242,11 +246,12 @@ class ClientCount:
 class CountingConnection(Connection):
     """A redis-py connection that counts what it sends (one pipeline is one round trip)."""
 
-    def pack_command(self, *args: Any) -> list[bytes]:
+    def pack_command(self, *args: EncodableT) -> list[bytes]:
         ClientCount.commands += 1
         return super().pack_command(*args)
 
-    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+    async def send_packed_command(self, command: bytes | str | Iterable[bytes],
+                                  check_health: bool = True) -> None:
         ClientCount.round_trips += 1
         await super().send_packed_command(command, check_health)
 
@@ -336,8 +341,8 @@ class Service:
         self.submissions.put_nowait(None)
         self.results.put_nowait(None)
 
-    async def _consume(self, queue: asyncio.Queue[Any],
-                       handler: Callable[[Any], Awaitable[None]]) -> None:
+    async def _consume(self, queue: asyncio.Queue[M | None],
+                       handler: Callable[[M], Awaitable[None]]) -> None:
         while (message := await queue.get()) is not None:
             for delay in (*RETRY_DELAYS_S, None):
                 try:

@@ -323,7 +323,7 @@ class Tap:
             topic_name(Topic.OPS_NODE_STATE, namespace): NodeState,
         }
         self.seen = Seen()
-        self._consumer: Any = AIOKafkaConsumer(
+        self._consumer = AIOKafkaConsumer(
             *self.topics, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
             enable_auto_commit=False)
         self._task: asyncio.Task[None] | None = None
@@ -372,8 +372,8 @@ class LagSampler:
         self.namespace = namespace
         self.period_s = period_s
         self.samples: dict[str, list[float]] = {}
-        self._admin: Any = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-        self._consumer: Any = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+        self._admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        self._consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:

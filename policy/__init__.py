@@ -1,4 +1,4 @@
-"""ClusterWarden's ML task selection policy: pure code, no I/O (ROUTING.md §4).
+"""ClusterWarden's ML task selection policy: pure code, no I/O (docs/routing-policy.md).
 
 How a router uses it, per attempt:
 

@@ -1,4 +1,4 @@
-"""Outcome cause -> which statistics it counts against (ROUTING.md §4.1).
+"""Outcome cause -> which statistics it counts against (docs/routing-policy.md §Attribution).
 
 A node fault counts against the node (and the arm on it), a model fault against the model,
 its family and the arm; a timeout or an unclassified failure against both (its weight split

@@ -10,13 +10,14 @@ POLICY_VERSION = "1"
 
 
 class SelectorConfig(BaseModel):
-    """Every knob of the ROUTING.md §4 policy.
+    """Every knob of the selection policy (docs/routing-policy.md).
 
-    Defaults: ROUTING.md §4.7, then tuned with `python -m bench.routing --seed-base 1`
-    (seeds 1..20, never reported): half-life 60 -> 300 s, exploration 1.0 -> 0.1, arm prior
-    mass 4 -> 8, latency tie-breaker 0 -> 0.03, the fast window with change points, then
-    CUSUM change points, split blame for ambiguous failures and exploitation by the lower
-    quartile (docs/routing.md, "How the defaults were tuned").
+    Defaults: the starting values of docs/routing-policy.md §Defaults, then tuned with
+    `python -m bench.routing --seed-base 1` (seeds 1..20, never reported): half-life
+    60 -> 300 s, exploration 1.0 -> 0.1, arm prior mass 4 -> 8, latency tie-breaker
+    0 -> 0.03, the fast window with change points, then CUSUM change points, split blame
+    for ambiguous failures and exploitation by the lower quartile
+    (docs/routing.md §How the defaults were tuned).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)

@@ -1,4 +1,4 @@
-"""Retry plan by attributed cause, within a retry budget (ROUTING.md §4.5)."""
+"""Retry plan by attributed cause, within a retry budget (docs/routing-policy.md §Retries)."""
 
 from __future__ import annotations
 

@@ -3,20 +3,20 @@
 Pure and deterministic: the only randomness is one seed drawn from `rng` (or `rng` itself
 when it is an int), recorded in the decision, so `replay(decision.to_dict())` reproduces it.
 
-Per candidate (ROUTING.md §4.3): not ready, quarantined (open), half-open with its single
-trial in flight, saturated (in flight >= max_ongoing), cold (n_eff < warmup_n) with its
-probe in flight, or stalled (work in flight, no outcome for long) -> ineligible, with the
-reason. Eligible arms are scored `theta * P(on time) - load_weight * inflight / limit -
-latency_weight * latency`, theta a Thompson sample of the arm's Beta posterior in a share
-`exploration_rate` of the decisions and its posterior mean otherwise (a lower bound for
-critical tasks), equal scores drawn at random; a half-open arm gets its single trial from an
-ordinary first attempt. Fallback groups are tried in order: the first group with an eligible
-arm whose posterior mean is at least `fallback_floor`, else the group with the best such
-mean. The task's `avoid` (from `retry_plan`) is relaxed step by step (other node and model
--> other arm -> any) rather than fail. When nothing is eligible the least-bad arm by
-posterior mean is chosen (`panic`): a task never fails because every candidate is
-quarantined. Only when every ready candidate is at its concurrency limit is there no choice
-(`saturated`: wait and select again).
+Per candidate (docs/routing-policy.md §Selection): not ready, quarantined (open), half-open
+with its single trial in flight, saturated (in flight >= max_ongoing), cold (n_eff <
+warmup_n) with its probe in flight, or stalled (work in flight, no outcome for long) ->
+ineligible, with the reason. Eligible arms are scored `theta * P(on time) - load_weight *
+inflight / limit - latency_weight * latency`, theta a Thompson sample of the arm's Beta
+posterior in a share `exploration_rate` of the decisions and its posterior mean otherwise (a
+lower bound for critical tasks), equal scores drawn at random; a half-open arm gets its
+single trial from an ordinary first attempt. Fallback groups are tried in order: the first
+group with an eligible arm whose posterior mean is at least `fallback_floor`, else the group
+with the best such mean. The task's `avoid` (from `retry_plan`) is relaxed step by step
+(other node and model -> other arm -> any) rather than fail. When nothing is eligible the
+least-bad arm by posterior mean is chosen (`panic`): a task never fails because every
+candidate is quarantined. Only when every ready candidate is at its concurrency limit is
+there no choice (`saturated`: wait and select again).
 """
 
 from __future__ import annotations

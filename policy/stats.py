@@ -381,7 +381,7 @@ class Estimator:
 def estimate(snapshot: StatsSnapshot, model: str, node: str, family: str, now: float,
              config: SelectorConfig = DEFAULT_CONFIG,
              predecessor: str | None = None) -> Estimate:
-    """Hierarchical shrinkage (ROUTING.md §4.2) of one arm, decayed to `now`.
+    """Hierarchical shrinkage (docs/routing-policy.md §Estimator) of one arm, decayed to `now`.
 
     The arm's prior mean is p_model * p_node: node faults are counted only on nodes and
     model faults only on models, so the two factors are the independent ways to fail. Each

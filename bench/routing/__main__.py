@@ -14,20 +14,26 @@ import platform
 import sys
 import time
 from datetime import UTC, datetime
-from typing import Any
 
 from bench.routing import micro
 from bench.routing.report import markdown, summarise
 from bench.routing.routers import BASELINES
-from bench.routing.runner import ORACLE, PRODUCTION, run_all, scenario_by_name, scenario_names
+from bench.routing.runner import (
+    ORACLE,
+    PRODUCTION,
+    Overrides,
+    run_all,
+    scenario_by_name,
+    scenario_names,
+)
 from bench.routing.sim import MAX_RETRIES
 from policy.config import DEFAULT_CONFIG
 
 
-def _parse_variant(text: str) -> tuple[str, dict[str, Any]]:
+def _parse_variant(text: str) -> tuple[str, Overrides]:
     """`name:key=value,key=value` -> a selector variant (values parsed as JSON if they can)."""
     name, _, body = text.partition(":")
-    overrides: dict[str, Any] = {}
+    overrides: Overrides = {}
     for item in filter(None, body.split(",")):
         key, _, raw = item.partition("=")
         try:
@@ -37,7 +43,7 @@ def _parse_variant(text: str) -> tuple[str, dict[str, Any]]:
     return f"{PRODUCTION}:{name}", overrides
 
 
-def _clean(obj: Any) -> Any:
+def _clean(obj: object) -> object:
     if isinstance(obj, float):
         return None if math.isnan(obj) else obj
     if isinstance(obj, dict):
@@ -110,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             f.write(table)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            body: dict[str, Any] = {"meta": meta, "summary": summary}
+            body: dict[str, object] = {"meta": meta, "summary": summary}
             if args.json_runs:
                 body["runs"] = results
             json.dump(_clean(body), f, indent=1)

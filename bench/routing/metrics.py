@@ -1,4 +1,5 @@
-"""The figures of ROUTING.md §5.4 for one run, from the simulator's logs."""
+"""The figures of docs/routing.md §What each figure means for one run, from the simulator's
+logs."""
 
 from __future__ import annotations
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
-from scipy import stats as sps  # type: ignore[import-untyped]
+from scipy import stats as sps
 
 from bench.routing.runner import ORACLE, PRODUCTION
 
@@ -22,6 +22,53 @@ MEANS = ("failed_per_10k", "attempts_per_task", "peak_retry_concurrency", "flaps
 TIMES = ("detect_s", "recover_s", "new_version_half_share_s")
 # Figures where higher is better, for "best baseline".
 KEY = ("first_success", "incident_first_success", "success", "incident_success")
+
+
+Interval = tuple[float, float]   # a mean and the half-width of its 95 % t-interval
+Median = tuple[float, int]       # a median and how many seeds it is over
+# One policy in one scenario: "seeds", then every figure above by name.
+PolicyRow = dict[str, int | Interval | Median]
+
+
+class Comparison(TypedDict):
+    """The selector against the best baseline on one figure."""
+
+    best_baseline: str
+    selector: float
+    baseline: float
+    diff_pp: float
+    p_wilcoxon: float
+
+
+class ScenarioSummary(TypedDict):
+    policies: dict[str, PolicyRow]
+    compare: dict[str, Comparison]
+
+
+Summary = dict[str, ScenarioSummary]
+
+
+def interval(row: PolicyRow, key: str) -> Interval:
+    """A mean-and-CI figure of `row`."""
+    value = row[key]
+    if isinstance(value, int):
+        raise TypeError(f"{key} is a count, not a figure")
+    return value
+
+
+def median(row: PolicyRow, key: str) -> Median:
+    """A median-and-count figure of `row`."""
+    value = row[key]
+    if isinstance(value, int) or not isinstance(value[1], int):
+        raise TypeError(f"{key} is not a median with its count")
+    return value[0], value[1]
+
+
+def seeds_of(row: PolicyRow) -> int:
+    value = row["seeds"]
+    if not isinstance(value, int):
+        raise TypeError("seeds is not a count")
+    return value
 
 
 def is_baseline(policy: str) -> bool:
@@ -53,13 +100,13 @@ def wilcoxon(a: Sequence[float], b: Sequence[float]) -> float:
     return float(sps.wilcoxon(d, zero_method="wilcox").pvalue)
 
 
-def summarise(results: dict[str, dict[str, list[dict[str, float]]]]) -> dict[str, Any]:
+def summarise(results: dict[str, dict[str, list[dict[str, float]]]]) -> Summary:
     """Per scenario and policy: every figure aggregated; per scenario: the comparison."""
-    out: dict[str, Any] = {}
+    out: Summary = {}
     for scenario, per in results.items():
-        agg: dict[str, dict[str, Any]] = {}
+        agg: dict[str, PolicyRow] = {}
         for policy, runs in per.items():
-            row: dict[str, Any] = {"seeds": len(runs)}
+            row: PolicyRow = {"seeds": len(runs)}
             for k in PERCENT + MEANS:
                 row[k] = mean_ci([r[k] for r in runs])
             for k in TIMES:
@@ -71,20 +118,21 @@ def summarise(results: dict[str, dict[str, list[dict[str, float]]]]) -> dict[str
                 row["regret_first"] = mean_ci([o["first_successes"] - r["first_successes"]
                                                for o, r in zip(oracle, runs, strict=True)])
             agg[policy] = row
-        compare: dict[str, Any] = {}
+        compare: dict[str, Comparison] = {}
         if PRODUCTION in per:
             for k in KEY:
                 base = [p for p in per if is_baseline(p)
-                        and not math.isnan(agg[p][k][0])]
-                if not base or math.isnan(agg[PRODUCTION][k][0]):
+                        and not math.isnan(interval(agg[p], k)[0])]
+                if not base or math.isnan(interval(agg[PRODUCTION], k)[0]):
                     continue
-                best = max(base, key=lambda p: agg[p][k][0])
+                best = max(base, key=lambda p: interval(agg[p], k)[0])
                 mine = [r[k] for r in per[PRODUCTION]]
                 theirs = [r[k] for r in per[best]]
+                selector, baseline = interval(agg[PRODUCTION], k)[0], interval(agg[best], k)[0]
                 compare[k] = {
                     "best_baseline": best,
-                    "selector": agg[PRODUCTION][k][0], "baseline": agg[best][k][0],
-                    "diff_pp": 100.0 * (agg[PRODUCTION][k][0] - agg[best][k][0]),
+                    "selector": selector, "baseline": baseline,
+                    "diff_pp": 100.0 * (selector - baseline),
                     "p_wilcoxon": wilcoxon(mine, theirs),
                 }
         out[scenario] = {"policies": agg, "compare": compare}
@@ -116,7 +164,7 @@ def _time(x: tuple[float, int], seeds: int) -> str:
     return f"{m:.0f} ({n}/{seeds})"
 
 
-def gap_table(summary: dict[str, Any]) -> list[str]:
+def gap_table(summary: Summary) -> list[str]:
     """Each router's gap to the oracle in first-attempt success (pp): mean over the
     scenarios, its worst scenario, and its worst incident window."""
     gaps: dict[str, list[tuple[float, str]]] = {}
@@ -128,10 +176,11 @@ def gap_table(summary: dict[str, Any]) -> list[str]:
         for policy, row in rows.items():
             if policy == "oracle":
                 continue
-            gap = 100 * (rows["oracle"]["first_success"][0] - row["first_success"][0])
+            gap = 100 * (interval(rows["oracle"], "first_success")[0]
+                         - interval(row, "first_success")[0])
             gaps.setdefault(policy, []).append((gap, scenario))
-            o_inc, r_inc = rows["oracle"]["incident_first_success"][0], \
-                row["incident_first_success"][0]
+            o_inc = interval(rows["oracle"], "incident_first_success")[0]
+            r_inc = interval(row, "incident_first_success")[0]
             if not (math.isnan(o_inc) or math.isnan(r_inc)):
                 incident.setdefault(policy, []).append((100 * (o_inc - r_inc), scenario))
     lines = ["### Gap to the oracle in first-attempt success, over every scenario", "",
@@ -146,7 +195,7 @@ def gap_table(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-def markdown(summary: dict[str, Any], descriptions: dict[str, str]) -> str:
+def markdown(summary: Summary, descriptions: dict[str, str]) -> str:
     """The comparison table, then one table per scenario."""
     lines = ["### Selector against the best baseline (first-attempt and incident-window)", "",
              "| scenario | figure | selector % | best baseline | baseline % | diff (pp) | "
@@ -168,22 +217,27 @@ def markdown(summary: dict[str, Any], descriptions: dict[str, str]) -> str:
                   "panic/no-target | rejects | µs/decision p50 |",
                   "|---|" + "---|" * 15]
         for policy, row in data["policies"].items():
-            seeds = row["seeds"]
+            seeds = seeds_of(row)
+            regret = interval(row, "regret") if "regret" in row else (math.nan, math.nan)
             lines.append(
-                f"| {policy} | {_pct(row['success'])} | {_pct(row['first_success'])} | "
-                f"{_pct(row['incident_success'])} | {_pct(row['incident_first_success'])} | "
-                f"{_num(row.get('regret', (math.nan, math.nan)))} | "
-                f"{_time(row['detect_s'], seeds)} | {_time(row['recover_s'], seeds)} | "
-                f"{_pct(row['bad_share'], 1)} | {_num(row['attempts_per_task'], 3)} | "
-                f"{_num(row['latency_p99'], 2)} | {_pct(row['deadline_miss'])} | "
-                f"{_num(row['flaps_per_h'], 0)} | {_num(row['panics'], 1)} | "
-                f"{_num(row['rejects'], 1)} | {_num(row['us_p50'], 1)} |")
+                f"| {policy} | {_pct(interval(row, 'success'))} | "
+                f"{_pct(interval(row, 'first_success'))} | "
+                f"{_pct(interval(row, 'incident_success'))} | "
+                f"{_pct(interval(row, 'incident_first_success'))} | {_num(regret)} | "
+                f"{_time(median(row, 'detect_s'), seeds)} | "
+                f"{_time(median(row, 'recover_s'), seeds)} | "
+                f"{_pct(interval(row, 'bad_share'), 1)} | "
+                f"{_num(interval(row, 'attempts_per_task'), 3)} | "
+                f"{_num(interval(row, 'latency_p99'), 2)} | "
+                f"{_pct(interval(row, 'deadline_miss'))} | "
+                f"{_num(interval(row, 'flaps_per_h'), 0)} | {_num(interval(row, 'panics'), 1)} | "
+                f"{_num(interval(row, 'rejects'), 1)} | {_num(interval(row, 'us_p50'), 1)} |")
         nv = [(p, r) for p, r in data["policies"].items()
-              if not math.isnan(r["new_version_attempts"][0])]
+              if not math.isnan(interval(r, "new_version_attempts")[0])]
         if nv:
             lines += ["", "| policy | attempts sent to the new version | time to 50 % of its "
                       "oracle share (s) |", "|---|---|---|"]
             for p, r in nv:
-                lines.append(f"| {p} | {_num(r['new_version_attempts'], 0)} | "
-                             f"{_time(r['new_version_half_share_s'], r['seeds'])} |")
+                lines.append(f"| {p} | {_num(interval(r, 'new_version_attempts'), 0)} | "
+                             f"{_time(median(r, 'new_version_half_share_s'), seeds_of(r))} |")
     return "\n".join(lines) + "\n"

@@ -1,5 +1,5 @@
 """The routers compared: the production selector (unchanged, through a thin adapter) and
-the baselines of ROUTING.md §5.2, each with the defaults read in its source."""
+the baselines of docs/routing.md §The routers, each with the defaults read in its source."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from bench.routing.world import ATTEMPT_TIMEOUT_S, LATENCY_SIGMA, ArmSpec, lognormal_cdf
 from policy import selector, stats
@@ -21,9 +21,11 @@ if TYPE_CHECKING:
 WAIT = "wait"        # nothing can take the task now: ask again shortly (not an attempt)
 REFUSE = "refuse"    # the router has no target ("no deployments available"): a failed attempt
 Choice = ArmSpec | str
+# An attempt's cause in the simulator: the policy's causes, and the router having no target.
+SimCause = Cause | Literal["no_target"]
 
 # What each simulated cause looks like to an HTTP-minded router.
-STATUS: dict[str, int] = {"node_fault": 503, "model_fault": 500, "timeout": 504,
+STATUS: dict[SimCause, int] = {"node_fault": 503, "model_fault": 500, "timeout": 504,
                           "unknown": 500, "capacity": 429, "bad_input": 400, "no_target": 503}
 
 
@@ -35,9 +37,14 @@ class SimTask:
     arrival: float
     deadline: float
     bad_input: bool
-    attempts: list[tuple[ArmSpec, str]] = field(default_factory=list)
+    attempts: list[tuple[ArmSpec, SimCause]] = field(default_factory=list)
     # the production adapter's state between attempts
     task: selector.Task | None = None
+
+
+def policy_cause(cause: SimCause) -> Cause:
+    """The cause the production policy hears: having no target counts as unknown."""
+    return "unknown" if cause == "no_target" else cause
 
 
 class Router:
@@ -58,11 +65,11 @@ class Router:
     def on_dispatch(self, task: SimTask, arm: ArmSpec, now: float) -> None:
         return None
 
-    def on_outcome(self, task: SimTask, arm: ArmSpec, cause: str, latency: float,
+    def on_outcome(self, task: SimTask, arm: ArmSpec, cause: SimCause, latency: float,
                    now: float) -> None:
         return None
 
-    def wants_retry(self, task: SimTask, cause: str, now: float, retries_in_flight: int,
+    def wants_retry(self, task: SimTask, cause: SimCause, now: float, retries_in_flight: int,
                     active: int) -> bool | None:
         """None: the harness's rule (same for every baseline)."""
         return None
@@ -113,7 +120,7 @@ class LeastLatency(Router):
         low = min(means)
         return self.rng.choice([a for a, m in zip(pool, means, strict=True) if m <= low])
 
-    def on_outcome(self, task: SimTask, arm: ArmSpec, cause: str, latency: float,
+    def on_outcome(self, task: SimTask, arm: ArmSpec, cause: SimCause, latency: float,
                    now: float) -> None:
         if cause == "ok":
             self.lat.setdefault(arm.key, deque(maxlen=10)).append(latency)
@@ -143,7 +150,7 @@ class LiteLLMCooldown(Router):
             return REFUSE
         return self.rng.choice(self.allowed(live, exclude))
 
-    def on_outcome(self, task: SimTask, arm: ArmSpec, cause: str, latency: float,
+    def on_outcome(self, task: SimTask, arm: ArmSpec, cause: SimCause, latency: float,
                    now: float) -> None:
         m = int(now // 60)
         minute, ok, fail = self.minute.get(arm.key, (m, 0, 0))
@@ -255,7 +262,7 @@ class EnvoyOutlier(Router):
         self.i += 1
         return pool[self.i % len(pool)]
 
-    def on_outcome(self, task: SimTask, arm: ArmSpec, cause: str, latency: float,
+    def on_outcome(self, task: SimTask, arm: ArmSpec, cause: SimCause, latency: float,
                    now: float) -> None:
         h = self._host(arm.key)
         status = STATUS.get(cause, 200)
@@ -327,7 +334,7 @@ class Resilience4j(Router):
         if b.state == "HALF_OPEN":
             b.half_open_calls += 1
 
-    def on_outcome(self, task: SimTask, arm: ArmSpec, cause: str, latency: float,
+    def on_outcome(self, task: SimTask, arm: ArmSpec, cause: SimCause, latency: float,
                    now: float) -> None:
         b = self._breaker(arm.key)
         failed = cause != "ok"
@@ -369,7 +376,7 @@ class Thompson(Router):
                 best, best_theta = a, theta
         return best
 
-    def on_outcome(self, task: SimTask, arm: ArmSpec, cause: str, latency: float,
+    def on_outcome(self, task: SimTask, arm: ArmSpec, cause: SimCause, latency: float,
                    now: float) -> None:
         ab = self.ab.setdefault(arm.key, [1.0, 1.0])
         ab[0 if cause == "ok" else 1] += 1.0
@@ -396,7 +403,7 @@ class EpsilonGreedy(Router):
             return self.rng.choice([a for a in pool if a is not best])
         return best
 
-    def on_outcome(self, task: SimTask, arm: ArmSpec, cause: str, latency: float,
+    def on_outcome(self, task: SimTask, arm: ArmSpec, cause: SimCause, latency: float,
                    now: float) -> None:
         sn = self.sn.setdefault(arm.key, [0, 0])
         sn[0] += cause == "ok"
@@ -467,9 +474,9 @@ class Production(Router):
         self.snapshot = selector.commit(self.snapshot, d, self.config)
         return next(a for a in arms if a.model == d.model and a.node == d.node)
 
-    def on_outcome(self, task: SimTask, arm: ArmSpec, cause: str, latency: float,
+    def on_outcome(self, task: SimTask, arm: ArmSpec, cause: SimCause, latency: float,
                    now: float) -> None:
-        c: Cause = cause if cause != "no_target" else "unknown"  # type: ignore[assignment]
+        c = policy_cause(cause)
         before = self.snapshot.arms.get(stats.arm_key(arm.model, arm.node))
         self.snapshot = stats.record(
             self.snapshot, stats.Outcome(arm.model, arm.node, arm.family, c, latency,
@@ -478,12 +485,12 @@ class Production(Router):
         if after.flaps > (before.flaps if before else 0):
             self.flaps += 1
 
-    def wants_retry(self, task: SimTask, cause: str, now: float, retries_in_flight: int,
+    def wants_retry(self, task: SimTask, cause: SimCause, now: float, retries_in_flight: int,
                     active: int) -> bool | None:
         assert task.task is not None
-        attempts = [selector.Attempt(a.model, a.node, a.family, c)  # type: ignore[arg-type]
+        attempts = [selector.Attempt(a.model, a.node, a.family, policy_cause(c))
                     for a, c in task.attempts]
-        plan = selector.retry_plan(task.task, cause, attempts,  # type: ignore[arg-type]
+        plan = selector.retry_plan(task.task, policy_cause(cause), attempts,
                                    selector.RetryBudget(retries_in_flight, active), now=now,
                                    config=self.config)
         if plan.next_task is not None:

@@ -6,7 +6,6 @@ import multiprocessing
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from bench.routing.metrics import run_metrics
 from bench.routing.routers import BASELINES, Oracle, Production, RouterFactory
@@ -18,20 +17,25 @@ PRODUCTION = "selector"
 ORACLE = "oracle"
 
 
+# Selector settings by name, as given on the command line (JSON values, or the text itself);
+# SelectorConfig validates them.
+Overrides = dict[str, object]
+
+
 @dataclass(frozen=True)
 class Job:
     scenario: str
     seed: int
     policies: tuple[str, ...]
-    variants: tuple[tuple[str, dict[str, Any]], ...]   # extra selector configs by name
+    variants: tuple[tuple[str, Overrides], ...]   # extra selector configs by name
     max_retries: int = MAX_RETRIES
 
 
-def factories(variants: Iterable[tuple[str, dict[str, Any]]]) -> dict[str, RouterFactory]:
+def factories(variants: Iterable[tuple[str, Overrides]]) -> dict[str, RouterFactory]:
     out: dict[str, RouterFactory] = {PRODUCTION: lambda s, sim: Production(s)}
     out.update(BASELINES)
     for name, overrides in variants:
-        config = SelectorConfig(**overrides)
+        config = SelectorConfig.model_validate(overrides)
         out[name] = _variant(config, name)
     return out
 
@@ -57,7 +61,7 @@ def run_job(job: Job) -> tuple[str, int, dict[str, dict[str, float]]]:
 
 
 def run_all(names: Sequence[str], seeds: Sequence[int], policies: Sequence[str],
-            variants: Sequence[tuple[str, dict[str, Any]]] = (), processes: int = 2,
+            variants: Sequence[tuple[str, Overrides]] = (), processes: int = 2,
             max_retries: int = MAX_RETRIES,
             progress: Callable[[int, int], None] | None = None,
             ) -> dict[str, dict[str, list[dict[str, float]]]]:

@@ -12,11 +12,10 @@ import heapq
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from bench.routing.routers import REFUSE, WAIT, Router, RouterFactory, SimTask
+from bench.routing.routers import REFUSE, WAIT, Router, RouterFactory, SimCause, SimTask
 from bench.routing.world import ATTEMPT_TIMEOUT_S, DEADLINE_S, LATENCY_SIGMA, ArmSpec, Scenario
 
 SLOTS = 4                 # concurrent executions per arm at full speed
@@ -28,6 +27,11 @@ UNKNOWN_SHARE = 0.1       # failures reported without a cause
 WAIT_S = 0.05             # a router that says "wait" is asked again after this
 REFUSE_RETRY_S = 0.5      # a router that had no target is asked again after this
 MAX_ATTEMPTS = MAX_RETRIES + 1
+
+# What an event on the clock carries: a task's index (its arrival), a task to try again, or
+# an attempt's end (task, arm, cause, latency, whether it ran on the arm).
+AttemptEnd = tuple[SimTask, ArmSpec, SimCause, float, bool]
+EventData = int | SimTask | AttemptEnd
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,7 @@ class Sim:
         self.retrying = 0
         self.peak_retrying = 0
         self.in_system = 0
-        self._heap: list[tuple[float, int, int, Any]] = []
+        self._heap: list[tuple[float, int, int, EventData]] = []
         self._seq = 0
         self._arms_cache: tuple[float, list[ArmSpec]] | None = None
 
@@ -100,7 +104,7 @@ class Sim:
         extra = self.active.get(key, 0) - SLOTS
         return 1.0 + SLOWDOWN * extra / SLOTS if extra > 0 else 1.0
 
-    def _push(self, t: float, kind: int, data: Any) -> None:
+    def _push(self, t: float, kind: int, data: EventData) -> None:
         self._seq += 1
         heapq.heappush(self._heap, (t, self._seq, kind, data))
 
@@ -120,16 +124,16 @@ class Sim:
         for i, t in enumerate(w.arrivals):
             self._push(t, 0, i)
         while self._heap:
-            now, _, kind, data = heapq.heappop(self._heap)
-            if kind == 0:
+            now, _, _kind, data = heapq.heappop(self._heap)
+            if isinstance(data, int):            # kind 0: an arrival
                 task = SimTask(idx=data, arrival=now, deadline=now + DEADLINE_S,
                                bad_input=w.bad_input[data])
                 self.tasks.append(TaskLog(arrival=now))
                 self.in_system += 1
                 self._try(task, now)
-            elif kind == 1:
+            elif isinstance(data, SimTask):      # kind 1: try again
                 self._try(data, now)
-            else:
+            else:                                # kind 2: an attempt ended
                 self._done(now, *data)
         return self
 
@@ -172,6 +176,7 @@ class Sim:
         self.active[arm.key] = active + 1
         self.max_active = max(self.max_active, active + 1)
         timeout = min(ATTEMPT_TIMEOUT_S, task.deadline - now)
+        cause: SimCause
         if sc.hangs(arm.node, now):
             cause, lat = "timeout", timeout
         else:
@@ -190,7 +195,7 @@ class Sim:
                 cause = "unknown"
         self._push(now + lat, 2, (task, arm, cause, lat, True))
 
-    def _done(self, now: float, task: SimTask, arm: ArmSpec, cause: str, lat: float,
+    def _done(self, now: float, task: SimTask, arm: ArmSpec, cause: SimCause, lat: float,
               ran: bool) -> None:
         if ran:
             self.active[arm.key] -= 1
@@ -200,7 +205,7 @@ class Sim:
         if len(task.attempts) > 0:
             self.retrying -= 1
 
-    def _outcome(self, task: SimTask, arm: ArmSpec | None, cause: str, lat: float,
+    def _outcome(self, task: SimTask, arm: ArmSpec | None, cause: SimCause, lat: float,
                  now: float) -> None:
         first = not task.attempts
         if arm is not None:

@@ -1,5 +1,5 @@
 """The simulated world: models on nodes, their true success rates and latencies over time,
-and the scenarios of ROUTING.md §5.3 as lists of timed effects."""
+and the scenarios of docs/routing.md §The simulated world as lists of timed effects."""
 
 from __future__ import annotations
 
@@ -143,7 +143,7 @@ def _v2(p: float) -> tuple[dict[str, tuple[str, float, float]], tuple[ArmSpec, .
 
 
 def scenarios() -> list[Scenario]:
-    """The thirteen scenarios of ROUTING.md §5.3, in its order."""
+    """The thirteen scenarios of docs/routing.md §The simulated world, in its order."""
     best = dict(BASE_MODELS)
     best["A:v1"] = ("alpha", 0.999, 0.30)
     quiet = {"A:v1": ("alpha", 0.999, 0.30), "B:v1": ("alpha", 0.97, 0.25),

@@ -19,9 +19,11 @@ SEVERITY: Final[Mapping[ActionClass, int]] = MappingProxyType(
 FATAL: Final[frozenset[ActionClass]] = frozenset({"reset", "reboot", "replace"})
 GPU_FAULT_KINDS: Final[frozenset[FaultKind]] = frozenset({"xid", "ecc"})
 
-# The EKS node monitoring agent's published XID playbook (ANCHORS.md, feature table row 11,
-# source EKS-NMA): these XIDs are "Conditions" that call for a repair; every other XID is an
-# "Event", recorded and never repaired.
+# The EKS node monitoring agent's published XID table (Amazon EKS User Guide, "Detect node
+# health issues with the EKS node monitoring agent", AcceleratedHardware issues,
+# https://docs.aws.amazon.com/eks/latest/userguide/node-health-nma.html): these XIDs are
+# "Conditions" that call for a repair; every other XID is an "Event", recorded and never
+# repaired.
 PUBLISHED_XID_ACTIONS: Final[Mapping[int, ActionClass]] = MappingProxyType(
     {
         13: "reboot", 31: "reboot", 48: "reboot", 63: "reboot", 64: "reboot",
@@ -31,10 +33,12 @@ PUBLISHED_XID_ACTIONS: Final[Mapping[int, ActionClass]] = MappingProxyType(
     }
 )
 # XID 13 (graphics engine exception), 31 (GPU memory page fault), 43 (GPU stopped processing)
-# and 45 (preemptive cleanup) are usually raised by the job's own bug. NVSentinel's analyzer
-# (ANCHORS.md row 11, NVS-HEA) calls them software faults (no action) unless they repeat on
-# one unit; rebooting for them would let one buggy job take node after node offline. The
-# EKS table reboots for 13 and 31: an operator who wants that sets `xid_overrides`.
+# and 45 (preemptive cleanup), as NVIDIA's XID documentation names them
+# (https://docs.nvidia.com/deploy/xid-errors/), are usually raised by the job's own bug.
+# NVSentinel's analyzer (NVIDIA/NVSentinel, docs/configuration/health-events-analyzer.md)
+# calls them software faults (no action) unless they repeat on one unit; rebooting for them
+# would let one buggy job take node after node offline. The EKS table reboots for 13 and 31:
+# an operator who wants that sets `xid_overrides`.
 APPLICATION_XIDS: Final[frozenset[int]] = frozenset({13, 31, 43, 45})
 XID_ACTIONS: Final[Mapping[int, ActionClass]] = MappingProxyType(
     {

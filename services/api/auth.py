@@ -1,4 +1,4 @@
-"""Bearer tokens and the three roles (RELIABILITY.md §4.7).
+"""Bearer tokens and the three roles (docs/reliability.md §Roles).
 
 Tokens are configured as `<token>:<user>:<role>` entries (API_TOKENS, comma-separated, or
 API_TOKENS_FILE, one a line), or as `sha256=<hex>:<user>:<role>` so that the server need not

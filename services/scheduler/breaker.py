@@ -1,8 +1,8 @@
 """The circuit breaker per (cluster, action type): pure decisions, time passed in.
 
 A COUNT_BASED window of the last outcomes trips the breaker on a failure rate or on a run of
-consecutive failures (RELIABILITY.md §3.6). Disruptive action types stay OPEN until an
-audited admin reset; the others get one half-open trial after a wait.
+consecutive failures (docs/reliability.md §Circuit breaker). Disruptive action types stay
+OPEN until an audited admin reset; the others get one half-open trial after a wait.
 
 The action type is `OpsTask.kind` (a child task's action type, else its need kind). With the
 node scope a breaker covers one kind on one target, named `<kind>@<target>`.

@@ -1,4 +1,5 @@
-"""A token bucket per (cluster, kind) in Redis for disruptive tasks (RELIABILITY.md §3.6).
+"""A token bucket per (cluster, kind) in Redis for disruptive tasks (docs/reliability.md
+§Rate limits).
 
 Kubernetes evicts at most 0.1 nodes a second; here each disruptive task takes a token, tokens
 come back at `rate_per_s` up to `burst`, and a task that finds none waits in the queue. The

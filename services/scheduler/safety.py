@@ -1,4 +1,5 @@
-"""Pool safety limits: the short-circuit and the offline budget (RELIABILITY.md §3.6).
+"""Pool safety limits: the short-circuit and the offline budget (docs/reliability.md
+§Short-circuit, §Offline budget).
 
 Pure decisions: the pool's latest health and the time are passed in. The budget's in-flight
 count lives in Redis; `budget_capacity` gives the limit its atomic admission compares with.

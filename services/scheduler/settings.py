@@ -9,7 +9,7 @@ from services.shared.settings import ServiceSettings
 
 
 class SchedulerSettings(ServiceSettings):
-    """Dispatch cadence, lease length and the circuit breaker's limits (RELIABILITY.md §3.6)."""
+    """Dispatch cadence, lease length and the safety limits (docs/reliability.md §Safety limits)."""
 
     model_config = SettingsConfigDict(env_prefix="SCHEDULER_", extra="ignore", frozen=True)
 

@@ -128,7 +128,7 @@ class Keys:
     def sweep_lock(self, name: str) -> str:
         return f"{self.prefix}sweep:{name}"
 
-    # -------------------------------------------------------- action in depth (issue 4)
+    # ----------------------------------- pools, capacity, child tasks, controls, rates, audit
 
     def pool_nodes(self, cluster: str, pool: str) -> str:
         """ZSET node -> GPU utilisation of the pool's up nodes (kept by the collector)."""
@@ -166,7 +166,7 @@ class Keys:
         """STREAM of audited operator actions (hash-chained entries)."""
         return f"{self.prefix}audit"
 
-    # -------------------------------------------------------- ML task routing (issue 6)
+    # -------------------------------------------------------- ML task routing
 
     def ml_registry(self, cluster: str) -> str:
         """HASH node -> JSON of the models it serves, from its latest report (the registry)."""

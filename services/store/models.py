@@ -180,7 +180,7 @@ class AuditHead(Base):
     count: Mapped[int] = mapped_column(BigInteger)
 
 
-# ------------------------------------------------------------------ ML tasks (issue 6)
+# ------------------------------------------------------------------ ML tasks
 
 
 class MlTask(Base):

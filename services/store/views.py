@@ -118,7 +118,7 @@ class AuditRow(BaseModel):
     hash: str
 
 
-# ------------------------------------------------------------------ ML tasks (issue 6)
+# ------------------------------------------------------------------ ML tasks
 
 MlTaskState = Literal["submitted", "running", "succeeded", "failed"]
 

@@ -1,9 +1,10 @@
-"""RELIABILITY.md §4.4 and S17 on the real broker with a real agent process: of a valid drain,
-its replay, an expired command, one for another node, one with a used seq, one signed by an
-unknown key and one with a tampered payload, only the valid drain is executed; the replay is
-answered from the journal, the expired, misaddressed and stale ones are rejected, the badly
-signed ones are dead-lettered unanswered. Rewinding the agent's consumer group to the earliest
-command (a replay flood after a restart) executes nothing new either."""
+"""docs/reliability.md §Command verification and S17 on the real broker with a real agent
+process: of a valid drain, its replay, an expired command, one for another node, one with a
+used seq, one signed by an unknown key and one with a tampered payload, only the valid drain
+is executed; the replay is answered from the journal, the expired, misaddressed and stale
+ones are rejected, the badly signed ones are dead-lettered unanswered. Rewinding the agent's
+consumer group to the earliest command (a replay flood after a restart) executes nothing new
+either."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""RELIABILITY.md S4 on the real broker, Redis and agent processes: the executor dies (as a
+"""docs/reliability.md S4 on the real broker, Redis and agent processes: the executor dies (as a
 kill -9) right after it sent a drain. Restarted, it completes the task and the agent has
 drained once: with the agent's answer still on the results topic, from that answer; with the
 answer lost, by asking the agent (query_status), which answers from its journal."""

@@ -1,4 +1,4 @@
-"""Operator control (RELIABILITY.md S18) on the real broker, Redis and agent processes.
+"""Operator control (docs/reliability.md S18) on the real broker, Redis and agent processes.
 
 Each offline task's drain is held up deterministically: the agent's fault plan ignores
 commands, so the drain step stays started until the agent listens again and the executor's

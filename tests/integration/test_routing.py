@@ -321,7 +321,7 @@ async def test_traffic_moves_away_from_a_flaky_model_and_success_recovers(
     assert share(late, is_bad) <= 0.05, describe(late, is_bad, "flaky")
     assert first_attempt_success(late) >= 0.95, describe(late, is_bad, "flaky")
     # Failed attempts were retried elsewhere: every task the fault hit still succeeded,
-    # unless the retry budget (retries in flight, ROUTING.md) said no...
+    # unless the retry budget (docs/routing-policy.md §Retries) said no...
     hit = {s.outcome.task_id for s in load.seen[fault_index:] if s.outcome.outcome == "failed"}
     ends = {task_id: load.finished[task_id] for task_id in hit}
     print(f"tasks the fault hit: {len(hit)}, "

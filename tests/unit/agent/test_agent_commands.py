@@ -1,4 +1,5 @@
-"""Command verification order and actions (RELIABILITY §4.4): every rejection, every action."""
+"""Command verification order and actions (docs/reliability.md §Command verification):
+every rejection, every action."""
 
 from __future__ import annotations
 
