@@ -53,7 +53,8 @@ from services.analyzer.needs.scale import Args as ScaleArgs
 from services.forecast import Forecast, capacity_report, forecast_utilisation, nodes_needed
 from services.forecast.model import HOUR, Seasonality, floor_hour, hourly_series
 
-DEFAULT_TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
+# Kept in the repository with their provenance (bench/traces/README.md).
+DEFAULT_TRACES = Path(__file__).resolve().parent / "traces"
 PHILLY_FILE = "helios/philly_node_sequence.csv"
 HORIZONS = (24, 168)
 MAX_HISTORY = timedelta(days=56)

@@ -68,7 +68,8 @@ from services.shared.messaging import ensure_topics
 from services.shared.registry import register
 from services.shared.signing import ensure_keypair, verifier_from_files
 
-DEFAULT_TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
+# Kept in the repository with their provenance (bench/traces/README.md).
+DEFAULT_TRACES = Path(__file__).resolve().parent / "traces"
 PHILLY_FILE = "helios/philly_node_sequence.csv"
 TITAN_FILE = "titan_gpu/titan_gpu_failure_events_derived.csv"
 CLUSTER = "replay"
@@ -772,7 +773,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--scenarios", nargs="+", default=["philly", "titan"],
                         choices=["philly", "titan"])
     parser.add_argument("--traces", type=Path, default=DEFAULT_TRACES,
-                        help="The traces folder (default: ../shared/data/traces).")
+                        help="The traces folder (default: bench/traces).")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--jitter-pct", type=float, default=5.0,
                         help="Each node's fixed load offset is drawn from +-this.")
