@@ -291,22 +291,19 @@ async def test_traffic_moves_away_from_a_flaky_model_and_success_recovers(
             f"the flaky arm's share of the last {RECENT} attempts to fall to 5 % and "
             f"first-attempt success to reach 95 % (now: {describe(recent(), is_bad, 'flaky')})"))
         moved = len(load.seen)
-        # ...then judge the attempts after that, a window of its own (not the one the wait
-        # stopped at, which may be a lucky stretch): until the selector has come back to the
-        # arm (its quarantine over, a trial) and HOLD attempts more, so that the window shows
-        # whether the traffic stays away, not only that it left.
-        # (A quarantine lasts quarantine_max_s = 120 s at most, plus 20 % jitter.)
-        await load.until(lambda: any(map(is_bad, load.seen[moved:])), 300,
-                         "the flaky arm tried again once its quarantine is over")
-        retried = next(i for i in range(moved, len(load.seen)) if is_bad(load.seen[i]))
-        await load.attempts(retried + HOLD)
-        late = load.seen[moved:retried + HOLD]
+        # ...then judge the HOLD attempts after that, a window of its own (not the one the
+        # wait stopped at, which may be a lucky stretch), long enough to show whether the
+        # traffic stays away, not only that it left. Whether the selector comes back to the
+        # arm for a trial in that window depends on its quarantine and its decayed record,
+        # so it is allowed, not awaited: a trial or two stays under 5 %.
+        await load.attempts(moved + HOLD)
+        late = load.seen[moved:moved + HOLD]
     start = baseline[0].at
     for line in summary(load, start, 3.0, is_bad, "flaky arm"):
         print(line)
     print(f"fault at {fault_at - start:.1f}s (attempt {fault_index}), first failure seen at "
-          f"attempt {noticed}, moved away by attempt {moved}, tried again at attempt "
-          f"{retried}; baseline {describe(baseline, is_bad, 'flaky')}; "
+          f"attempt {noticed}, moved away by attempt {moved}; "
+          f"baseline {describe(baseline, is_bad, 'flaky')}; "
           f"late {describe(late, is_bad, 'flaky')}")
 
     # Before the fault everything succeeded.
