@@ -22,7 +22,6 @@ from schemas.catalog import TOPIC_MODELS
 from schemas.envelope import Identifier, Reason
 from schemas.events.v1 import Alert, NodeState, OpsNeed, TaskEvent
 from schemas.topics import Topic, topic_name
-from services import launcher
 from services.api.client import ApiClient, ApiError, ClientSettings
 from services.scheduler.breaker import SCOPE_SEPARATOR, BreakerState, breaker_named
 from services.scheduler.breaker_store import BreakerReset, BreakerStore
@@ -35,6 +34,7 @@ from services.shared.registry import register
 from services.shared.settings import ServiceSettings
 from services.shared.signing import ensure_keypair
 from services.shared.telemetry import setup_telemetry
+from warden import launcher
 
 app = typer.Typer(help="ClusterWarden: keeps an ML cluster healthy, balanced and right-sized.",
                   no_args_is_help=True)
@@ -347,7 +347,7 @@ def demo(
     through the API, with a table of where they ran every 10 s; one model turns flaky on one
     node for a while and the router moves its traffic away. Ctrl-C stops everything."""
     from agent import fleet
-    from services import demo_ml
+    from warden import demo_ml
 
     settings = _settings()
     state = _state_dir(settings)

@@ -18,7 +18,6 @@ import pytest
 from agent import fleet
 from schemas.events.v1 import Alert, NodeReport, OpsTask, TaskEvent
 from schemas.topics import Topic
-from services import launcher
 from services.scheduler.breaker import BreakerConfig
 from services.scheduler.breaker_store import BreakerStore
 from services.shared.audit import AuditLog
@@ -35,6 +34,7 @@ from tests.integration.harness import (
     tap,
     until,
 )
+from warden import launcher
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from services import launcher
+from warden import launcher
 
 ROOT = Path(__file__).resolve().parents[2]
 
