@@ -11,14 +11,14 @@ from typer.testing import CliRunner
 
 from schemas.events.v1 import Alert
 from schemas.topics import Topic
-from services import cli
-from services.cli import describe
 from services.scheduler.breaker import BreakerState, Outcome
 from services.scheduler.breaker_store import BreakerStore
 from services.scheduler.settings import SchedulerSettings
 from services.shared.audit import AuditLog, AuditRecord, Verdict
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.settings import ServiceSettings
+from warden.cli import app, breaker
+from warden.cli.events import describe
 
 
 def _open_breaker(redis_url: str, namespace: str, cluster: str, name: str) -> None:
@@ -60,7 +60,7 @@ def published(monkeypatch: pytest.MonkeyPatch) -> list[Alert]:
     async def keep(settings: ServiceSettings, alert: Alert) -> None:
         alerts.append(alert)
 
-    monkeypatch.setattr(cli, "publish_alert", keep)
+    monkeypatch.setattr(breaker, "publish_alert", keep)
     return alerts
 
 
@@ -85,7 +85,7 @@ def env(redis_url: str, namespace: str) -> Iterator[dict[str, str]]:
 def test_breaker_reset_closes_the_breaker_audits_it_and_raises_an_info_alert(
         redis_url: str, namespace: str, env: dict[str, str], published: list[Alert]) -> None:
     _open_breaker(redis_url, namespace, "c1", "offline")
-    result = CliRunner().invoke(cli.app, [
+    result = CliRunner().invoke(app, [
         "breaker", "reset", "--cluster", "c1", "--kind", "offline", "--actor", "alice",
         "--reason", "node-7 repaired, drains work again"], env=env)
     assert result.exit_code == 0, result.output
@@ -111,7 +111,7 @@ def test_breaker_reset_closes_the_breaker_audits_it_and_raises_an_info_alert(
 def test_breaker_reset_of_a_node_scoped_breaker(
         redis_url: str, namespace: str, env: dict[str, str], published: list[Alert]) -> None:
     _open_breaker(redis_url, namespace, "c1", "offline@node-3")
-    result = CliRunner().invoke(cli.app, [
+    result = CliRunner().invoke(app, [
         "breaker", "reset", "--cluster", "c1", "--kind", "offline", "--node", "node-3",
         "--actor", "bob", "--reason", "replaced the GPU"], env=env)
     assert result.exit_code == 0, result.output
@@ -128,9 +128,9 @@ def test_breaker_reset_needs_an_actor_and_a_reason(
     _open_breaker(redis_url, namespace, "c1", "offline")
     args = {"--cluster": "c1", "--kind": "offline", "--actor": "alice", "--reason": "fixed"}
     del args[missing]
-    result = CliRunner().invoke(cli.app, ["breaker", "reset", *(x for kv in args.items()
-                                                                 for x in kv)],
-                                env=env)
+    result = CliRunner().invoke(app, ["breaker", "reset", *(x for kv in args.items()
+                                                             for x in kv)],
+                            env=env)
     assert result.exit_code == 2
     state, records, _ = _state_and_audit(redis_url, namespace, "c1", "offline")
     assert (state.status, records, published) == ("OPEN", [], [])
@@ -143,9 +143,9 @@ def test_breaker_reset_refuses_an_empty_reason_or_a_bad_actor(
     _open_breaker(redis_url, namespace, "c1", "offline")
     args = {"--cluster": "c1", "--kind": "offline", "--actor": "alice", "--reason": "fixed"}
     args[option] = value
-    result = CliRunner().invoke(cli.app, ["breaker", "reset", *(x for kv in args.items()
-                                                                 for x in kv)],
-                                env=env)
+    result = CliRunner().invoke(app, ["breaker", "reset", *(x for kv in args.items()
+                                                             for x in kv)],
+                            env=env)
     assert result.exit_code == 2
     assert _state_and_audit(redis_url, namespace, "c1", "offline")[0].status == "OPEN"
 
@@ -153,7 +153,7 @@ def test_breaker_reset_refuses_an_empty_reason_or_a_bad_actor(
 def test_breaker_reset_of_an_unknown_breaker_changes_nothing(
         redis_url: str, namespace: str, env: dict[str, str], published: list[Alert]) -> None:
     _open_breaker(redis_url, namespace, "c1", "offline")
-    result = CliRunner().invoke(cli.app, [
+    result = CliRunner().invoke(app, [
         "breaker", "reset", "--cluster", "c1", "--kind", "ofline", "--actor", "alice",
         "--reason", "typo"], env=env)
     assert result.exit_code == 1
@@ -165,16 +165,16 @@ def test_breaker_reset_of_an_unknown_breaker_changes_nothing(
 def test_breaker_list_shows_each_breaker_state(
         redis_url: str, namespace: str, env: dict[str, str]) -> None:
     runner = CliRunner()
-    empty = runner.invoke(cli.app, ["breaker", "list"], env=env)
+    empty = runner.invoke(app, ["breaker", "list"], env=env)
     assert "no breaker has recorded an outcome yet" in empty.output
     _open_breaker(redis_url, namespace, "c1", "offline")
     _open_breaker(redis_url, namespace, "c2", "migrate@node-4")
-    result = runner.invoke(cli.app, ["breaker", "list"], env=env)
+    result = runner.invoke(app, ["breaker", "list"], env=env)
     assert result.exit_code == 0, result.output
     first, second = result.output.splitlines()
     assert first.split()[:4] == ["c1", "offline", "OPEN", "window"]
     assert "FFF" in first
     assert second.split()[:3] == ["c2", "migrate@node-4", "OPEN"]
-    only = runner.invoke(cli.app, ["breaker", "list", "--cluster", "c2"],
+    only = runner.invoke(app, ["breaker", "list", "--cluster", "c2"],
                          env=env)
     assert only.output.splitlines() == [second]

@@ -10,9 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from schemas.topics import Topic
-from services import cli
-from services.cli import WATCHED, describe, step_effect
 from tests.contracts.examples import examples
+from warden.cli import app
+from warden.cli.events import WATCHED, describe, step_effect
 
 GOLDEN_OF = {
     Topic.OPS_NODE_STATE: ("node_state", ["node-003", "suspect -> down", "no report"]),
@@ -53,15 +53,15 @@ def test_fleet_fault_makes_a_model_flaky_or_a_node_fail(
 
     monkeypatch.setenv("WARDEN_STATE_DIR", str(tmp_path))
     runner = CliRunner()
-    result = runner.invoke(cli.app, ["fleet", "fault", "node-002", "--flaky-model",
-                                     "digits-mlp@1", "--failure-rate", "0.5"])
+    result = runner.invoke(app, ["fleet", "fault", "node-002", "--flaky-model",
+                                 "digits-mlp@1", "--failure-rate", "0.5"])
     assert result.exit_code == 0, result.output
-    result = runner.invoke(cli.app, ["fleet", "fault", "node-002", "--failing-node",
-                                     "--slow-ms", "200"])
+    result = runner.invoke(app, ["fleet", "fault", "node-002", "--failing-node",
+                                 "--slow-ms", "200"])
     assert result.exit_code == 0, result.output
     faults = read_faults(agent_dir(tmp_path, "node-002")).model_faults
     assert [(f.model, f.failure_rate, f.cause, f.latency_ms) for f in faults] == [
         (None, 1.0, "node_fault", 200.0), ("digits-mlp@1", 0.5, "model_fault", 0.0)]
-    bad = runner.invoke(cli.app, ["fleet", "up", "--models", "digits-gpt@9"])
+    bad = runner.invoke(app, ["fleet", "up", "--models", "digits-gpt@9"])
     assert bad.exit_code == 2
     assert "unknown models" in bad.output

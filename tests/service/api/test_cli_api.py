@@ -18,7 +18,6 @@ from pydantic import SecretStr
 from typer.testing import CliRunner, Result
 
 from schemas.events.v1 import TaskEvent
-from services import cli
 from services.api.app import create_api
 from services.api.auth import Role
 from services.api.client import ApiClient, ClientSettings
@@ -29,6 +28,7 @@ from services.store.recorder import Recorder
 from services.templater.templates import TEMPLATE_DIR
 from tests.service.api.conftest import TOKENS, clean_redis
 from tests.unit.api.stories import START, history, offline_task
+from warden.cli import app, common
 
 
 class Server:
@@ -76,7 +76,7 @@ class Cli:
     def run(self, *args: str, role: Role | None = None) -> Result:
         if role is not None:
             self.role = role
-        return self.runner.invoke(cli.app, list(args))
+        return self.runner.invoke(app, list(args))
 
     def record(self, events: list[TaskEvent]) -> None:
         async def record() -> None:
@@ -97,7 +97,7 @@ def warden(api_settings: ApiSettings, monkeypatch: pytest.MonkeyPatch) -> Iterat
             token = TOKENS[running.role] if running.role else ""
             return ApiClient(ClientSettings(url=server.url, token=SecretStr(token)))
 
-        monkeypatch.setattr(cli, "api_client", client)
+        monkeypatch.setattr(common, "api_client", client)
         yield running
         server.call(clean_redis, running.runtime)
 
