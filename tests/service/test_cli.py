@@ -1,4 +1,5 @@
-"""`warden breaker list|reset` on the real redis-server (alerts kept, not sent)."""
+"""`warden breaker list` on the real redis-server (`warden breaker reset` goes through the API:
+tests/service/api/test_cli_api.py)."""
 
 from __future__ import annotations
 
@@ -9,16 +10,11 @@ from uuid import uuid4
 import pytest
 from typer.testing import CliRunner
 
-from schemas.events.v1 import Alert
-from schemas.topics import Topic
-from services.scheduler.breaker import BreakerState, Outcome
+from services.scheduler.breaker import Outcome
 from services.scheduler.breaker_store import BreakerStore
 from services.scheduler.settings import SchedulerSettings
-from services.shared.audit import AuditLog, AuditRecord, Verdict
 from services.shared.redis_client import Keys, connect_redis
-from services.shared.settings import ServiceSettings
-from warden.cli import app, breaker
-from warden.cli.events import describe
+from warden.cli import app
 
 
 def _open_breaker(redis_url: str, namespace: str, cluster: str, name: str) -> None:
@@ -34,34 +30,6 @@ def _open_breaker(redis_url: str, namespace: str, cluster: str, name: str) -> No
             await redis.aclose()
 
     asyncio.run(run())
-
-
-def _state_and_audit(redis_url: str, namespace: str, cluster: str,
-                     name: str) -> tuple[BreakerState, list[AuditRecord], Verdict]:
-    async def run() -> tuple[BreakerState, list[AuditRecord], Verdict]:
-        redis = connect_redis(redis_url)
-        try:
-            keys = Keys(namespace)
-            state, _ = await BreakerStore(redis, keys, SchedulerSettings().breaker_config).load(
-                cluster, name)
-            log = AuditLog(redis, keys)
-            return state, await log.read(), await log.verify()
-        finally:
-            await redis.aclose()
-
-    return asyncio.run(run())
-
-
-@pytest.fixture
-def published(monkeypatch: pytest.MonkeyPatch) -> list[Alert]:
-    """Alerts the CLI publishes, kept here instead of sent to Kafka."""
-    alerts: list[Alert] = []
-
-    async def keep(settings: ServiceSettings, alert: Alert) -> None:
-        alerts.append(alert)
-
-    monkeypatch.setattr(breaker, "publish_alert", keep)
-    return alerts
 
 
 @pytest.fixture
@@ -80,86 +48,6 @@ def env(redis_url: str, namespace: str) -> Iterator[dict[str, str]]:
             await redis.aclose()
 
     asyncio.run(clean())
-
-
-def test_breaker_reset_closes_the_breaker_audits_it_and_raises_an_info_alert(
-        redis_url: str, namespace: str, env: dict[str, str], published: list[Alert]) -> None:
-    _open_breaker(redis_url, namespace, "c1", "offline")
-    result = CliRunner().invoke(app, [
-        "breaker", "reset", "--cluster", "c1", "--kind", "offline", "--actor", "alice",
-        "--reason", "node-7 repaired, drains work again"], env=env)
-    assert result.exit_code == 0, result.output
-    assert "breaker c1/offline: OPEN -> CLOSED" in result.output
-
-    state, records, verdict = _state_and_audit(redis_url, namespace, "c1", "offline")
-    assert (state.status, state.window, state.openings) == ("CLOSED", (), 1)
-    (record,) = records
-    entry = record.entry
-    assert (entry.actor, entry.role, entry.action, entry.target, entry.reason, entry.result) == (
-        "alice", "admin", "breaker_reset", "c1/offline", "node-7 repaired, drains work again",
-        "OPEN -> CLOSED")
-    assert verdict.ok
-
-    (alert,) = published
-    assert (alert.severity, alert.kind, alert.cluster_id, alert.dedup_key) == (
-        "info", "breaker_reset", "c1", "breaker-reset.c1.offline.1")
-    assert "alice" in alert.message
-    assert "node-7 repaired" in alert.message
-    assert "breaker_reset" in describe(Topic.OPS_ALERTS, alert.model_dump_json().encode())
-
-
-def test_breaker_reset_of_a_node_scoped_breaker(
-        redis_url: str, namespace: str, env: dict[str, str], published: list[Alert]) -> None:
-    _open_breaker(redis_url, namespace, "c1", "offline@node-3")
-    result = CliRunner().invoke(app, [
-        "breaker", "reset", "--cluster", "c1", "--kind", "offline", "--node", "node-3",
-        "--actor", "bob", "--reason", "replaced the GPU"], env=env)
-    assert result.exit_code == 0, result.output
-    state, records, _ = _state_and_audit(redis_url, namespace, "c1", "offline@node-3")
-    assert state.status == "CLOSED"
-    assert records[0].entry.target == "c1/offline@node-3"
-    assert published[0].dedup_key == "breaker-reset.c1.offline.node-3.1"
-
-
-@pytest.mark.parametrize("missing", ["--actor", "--reason"])
-def test_breaker_reset_needs_an_actor_and_a_reason(
-        redis_url: str, namespace: str, env: dict[str, str], published: list[Alert],
-        missing: str) -> None:
-    _open_breaker(redis_url, namespace, "c1", "offline")
-    args = {"--cluster": "c1", "--kind": "offline", "--actor": "alice", "--reason": "fixed"}
-    del args[missing]
-    result = CliRunner().invoke(app, ["breaker", "reset", *(x for kv in args.items()
-                                                             for x in kv)],
-                            env=env)
-    assert result.exit_code == 2
-    state, records, _ = _state_and_audit(redis_url, namespace, "c1", "offline")
-    assert (state.status, records, published) == ("OPEN", [], [])
-
-
-@pytest.mark.parametrize(("option", "value"), [("--reason", ""), ("--actor", "al ice")])
-def test_breaker_reset_refuses_an_empty_reason_or_a_bad_actor(
-        redis_url: str, namespace: str, env: dict[str, str], published: list[Alert],
-        option: str, value: str) -> None:
-    _open_breaker(redis_url, namespace, "c1", "offline")
-    args = {"--cluster": "c1", "--kind": "offline", "--actor": "alice", "--reason": "fixed"}
-    args[option] = value
-    result = CliRunner().invoke(app, ["breaker", "reset", *(x for kv in args.items()
-                                                             for x in kv)],
-                            env=env)
-    assert result.exit_code == 2
-    assert _state_and_audit(redis_url, namespace, "c1", "offline")[0].status == "OPEN"
-
-
-def test_breaker_reset_of_an_unknown_breaker_changes_nothing(
-        redis_url: str, namespace: str, env: dict[str, str], published: list[Alert]) -> None:
-    _open_breaker(redis_url, namespace, "c1", "offline")
-    result = CliRunner().invoke(app, [
-        "breaker", "reset", "--cluster", "c1", "--kind", "ofline", "--actor", "alice",
-        "--reason", "typo"], env=env)
-    assert result.exit_code == 1
-    assert "no breaker c1/ofline" in result.output
-    state, records, _ = _state_and_audit(redis_url, namespace, "c1", "offline")
-    assert (state.status, records, published) == ("OPEN", [], [])
 
 
 def test_breaker_list_shows_each_breaker_state(

@@ -1,4 +1,5 @@
-"""`warden tasks|nodes|templates|api` against the real API (in process), its store and Redis."""
+"""`warden tasks|nodes|templates|breaker reset|api` against the real API (in process), its store
+and Redis."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ import asyncio
 import json
 import threading
 from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from uuid import uuid4
 
 import pytest
 import uvicorn
@@ -17,18 +20,24 @@ from fastapi import FastAPI
 from pydantic import SecretStr
 from typer.testing import CliRunner, Result
 
-from schemas.events.v1 import TaskEvent
+from schemas.events.v1 import Alert, TaskEvent
+from schemas.topics import Topic
 from services.api.app import create_api
 from services.api.auth import Role
 from services.api.client import ApiClient, ClientSettings
 from services.api.deps import Runtime
 from services.api.settings import ApiSettings
+from services.scheduler.breaker import BreakerState, Outcome
+from services.shared.audit import AuditLog, AuditRecord, Verdict
 from services.shared.registry import register_nodes
+from services.store.queries import list_audit
 from services.store.recorder import Recorder
+from services.store.views import AuditRow
 from services.templater.templates import TEMPLATE_DIR
-from tests.service.api.conftest import TOKENS, clean_redis
+from tests.service.api.conftest import DEAD_KAFKA, TOKENS, USERS, clean_redis, read_events
 from tests.unit.api.stories import START, history, offline_task
 from warden.cli import app, common
+from warden.cli.events import describe
 
 
 class Server:
@@ -87,11 +96,12 @@ class Cli:
         self.server.call(record)
 
 
-@pytest.fixture
-def warden(api_settings: ApiSettings, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cli]:
-    app = create_api(api_settings)
-    with Server(app) as server:
-        running = Cli(server, app.state.runtime)
+@contextmanager
+def cli_of(settings: ApiSettings, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cli]:
+    """The CLI, its API client pointed at a real API served with `settings`."""
+    api = create_api(settings)
+    with Server(api) as server:
+        running = Cli(server, api.state.runtime)
 
         def client() -> ApiClient:
             token = TOKENS[running.role] if running.role else ""
@@ -100,6 +110,12 @@ def warden(api_settings: ApiSettings, monkeypatch: pytest.MonkeyPatch) -> Iterat
         monkeypatch.setattr(common, "api_client", client)
         yield running
         server.call(clean_redis, running.runtime)
+
+
+@pytest.fixture
+def warden(api_settings: ApiSettings, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cli]:
+    with cli_of(api_settings, monkeypatch) as running:
+        yield running
 
 
 def test_tasks_list_prints_a_table_and_json(warden: Cli) -> None:
@@ -217,3 +233,136 @@ def test_templates_list_show_validate_and_save(warden: Cli, tmp_path: Path) -> N
     result = warden.run("templates", "save", str(good), "--reason", "v2", role="admin")
     assert result.exit_code == 0, result.output
     assert "load_balance.yaml: saved" in result.output
+
+
+# ------------------------------------------------------------------ warden breaker reset
+
+
+def open_breaker(cli: Cli, cluster: str, name: str) -> None:
+    """Three failures in a row: the breaker opens."""
+    store = cli.runtime.reader.breakers
+
+    async def run() -> None:
+        for _ in range(3):
+            await store.record(cluster, name, Outcome(task_id=uuid4().hex, failed=True))
+
+    cli.server.call(run)
+
+
+@dataclass
+class Recorded:
+    """The breaker and the two audit logs of a reset: Redis's (the scheduler's) and the API's."""
+
+    state: BreakerState
+    redis_audit: list[AuditRecord]
+    redis_verdict: Verdict
+    api_audit: list[AuditRow]
+
+
+def recorded(cli: Cli, cluster: str, name: str) -> Recorded:
+    rt = cli.runtime
+
+    async def read() -> Recorded:
+        state, _ = await rt.reader.breakers.load(cluster, name)
+        log = AuditLog(rt.redis, rt.keys)
+        async with rt.store.session() as session:
+            rows, _ = await list_audit(session, limit=500)
+        return Recorded(state, await log.read(), await log.verify(), list(reversed(rows)))
+
+    result: Recorded = cli.server.call(read)
+    return result
+
+
+@pytest.mark.usefixtures("kafka_bootstrap")
+def test_breaker_reset_goes_through_the_api_audited_under_the_tokens_user(
+        warden: Cli, api_settings: ApiSettings) -> None:
+    open_breaker(warden, "c1", "offline")
+    result = warden.run("breaker", "reset", "--cluster", "c1", "--kind", "offline",
+                        "--reason", "node-7 repaired, drains work again", role="admin")
+    assert result.exit_code == 0, result.output
+    assert "breaker c1/offline: OPEN -> CLOSED; audit entry 1" in result.output
+
+    after = recorded(warden, "c1", "offline")
+    assert (after.state.status, after.state.window, after.state.openings) == ("CLOSED", (), 1)
+    # The scheduler's audit stream, written with the reset in one atomic step...
+    [record] = after.redis_audit
+    entry = record.entry
+    assert (entry.actor, entry.role, entry.action, entry.target, entry.reason,
+            entry.result) == (USERS["admin"], "admin", "breaker_reset", "c1/offline",
+                              "node-7 repaired, drains work again", "OPEN -> CLOSED")
+    assert after.redis_verdict.ok
+    # ... and the API's own log, under the same user.
+    [row] = after.api_audit
+    assert (row.actor, row.role, row.action, row.target, row.result) == (
+        USERS["admin"], "admin", "breaker_reset", "breaker/c1/offline", "OPEN -> CLOSED")
+    assert row.detail["redis_audit_seq"] == entry.seq
+
+    [raw] = warden.server.call(read_events, api_settings.kafka_bootstrap_servers,
+                               api_settings.namespace, Topic.OPS_ALERTS, 1)
+    alert = Alert.model_validate_json(raw)
+    assert (alert.severity, alert.kind, alert.cluster_id, alert.dedup_key) == (
+        "info", "breaker_reset", "c1", "breaker-reset.c1.offline.1")
+    assert USERS["admin"] in alert.message
+    assert "node-7 repaired" in alert.message
+    assert "breaker_reset" in describe(Topic.OPS_ALERTS, raw)
+
+
+@pytest.mark.usefixtures("kafka_bootstrap")
+def test_breaker_reset_of_a_node_scoped_breaker(warden: Cli) -> None:
+    open_breaker(warden, "c1", "offline@node-3")
+    result = warden.run("breaker", "reset", "--cluster", "c1", "--kind", "offline", "--node",
+                        "node-3", "--reason", "replaced the GPU", role="admin")
+    assert result.exit_code == 0, result.output
+    after = recorded(warden, "c1", "offline@node-3")
+    assert after.state.status == "CLOSED"
+    assert after.redis_audit[0].entry.target == "c1/offline@node-3"
+    assert after.api_audit[0].target == "breaker/c1/offline@node-3"
+
+
+@pytest.mark.parametrize("args", [
+    pytest.param(["--reason", "fixed", "--actor", "alice"], id="no typed-in actor"),
+    pytest.param([], id="no reason"),
+    pytest.param(["--reason", ""], id="an empty reason"),
+    pytest.param(["--reason", "fixed", "--node", "node 3"], id="a bad node"),
+])
+def test_a_reset_the_cli_refuses_never_reaches_the_api(warden: Cli, args: list[str]) -> None:
+    open_breaker(warden, "c1", "offline")
+    result = warden.run("breaker", "reset", "--cluster", "c1", "--kind", "offline", *args,
+                        role="admin")
+    assert result.exit_code == 2, result.output
+    after = recorded(warden, "c1", "offline")
+    assert (after.state.status, after.redis_audit, after.api_audit) == ("OPEN", [], [])
+
+
+@pytest.mark.parametrize(("kind", "role", "error", "result"), [
+    pytest.param("offline", "operator", "error (403): forbidden: this needs the admin role",
+                 "403", id="not an admin"),
+    pytest.param("ofline", "admin", "error (404): no breaker c1/ofline", "404 no such breaker",
+                 id="an unknown breaker"),
+])
+def test_a_reset_the_api_refuses_changes_nothing_and_is_audited(
+        warden: Cli, kind: str, role: Role, error: str, result: str) -> None:
+    open_breaker(warden, "c1", "offline")
+    refused = warden.run("breaker", "reset", "--cluster", "c1", "--kind", kind,
+                         "--reason", "fixed", role=role)
+    assert refused.exit_code == 1
+    assert error in refused.output
+    after = recorded(warden, "c1", "offline")
+    assert (after.state.status, after.redis_audit) == ("OPEN", [])
+    assert [(row.actor, row.result) for row in after.api_audit] == [(USERS[role], result)]
+
+
+def test_a_reset_whose_alert_is_not_published_stands_and_exits_1(
+        api_settings: ApiSettings, monkeypatch: pytest.MonkeyPatch) -> None:
+    without_kafka = api_settings.model_copy(update={"kafka_bootstrap_servers": DEAD_KAFKA,
+                                                    "publish_timeout_s": 3.0})
+    with cli_of(without_kafka, monkeypatch) as warden:
+        open_breaker(warden, "c1", "offline")
+        result = warden.run("breaker", "reset", "--cluster", "c1", "--kind", "offline",
+                            "--reason", "fixed", role="admin")
+        assert result.exit_code == 1
+        assert "OPEN -> CLOSED" in result.output
+        assert "the breaker_reset alert could not be published" in result.output
+        after = recorded(warden, "c1", "offline")
+        assert after.state.status == "CLOSED"
+        assert [row.result for row in after.api_audit] == ["OPEN -> CLOSED"]
