@@ -26,10 +26,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from bench.common import exit_cleanly_on_sigterm
 from schemas.events.v1 import now_utc
 from schemas.topics import Topic, topic_name
-from services import launcher
 from services.shared.messaging import ensure_topics
 from services.shared.registry import register
 from tests.contracts.examples import examples
+from warden import launcher
 
 
 def report_bodies(nodes: int, cluster: str, seq: int = 1) -> list[tuple[bytes, bytes]]:

@@ -36,10 +36,10 @@ from agent import fleet
 from bench.common import exit_cleanly_on_sigterm, percentile
 from schemas.events.v1 import OpsNeed
 from schemas.topics import Topic, topic_name
-from services import launcher
 from services.shared.messaging import ensure_topics
 from services.shared.registry import register
 from services.shared.signing import ensure_keypair
+from warden import launcher
 
 Inject = Callable[[Path, str], None]
 

@@ -42,10 +42,10 @@ from agent.ml.runtime import STATUS_FILE
 from bench.common import exit_cleanly_on_sigterm, percentile
 from schemas.events.v1 import OutputValue, TaskEvent
 from schemas.topics import Topic, topic_name
-from services import launcher
 from services.shared.messaging import ensure_topics
 from services.shared.registry import register
 from services.shared.signing import ensure_keypair
+from warden import launcher
 
 
 def status(state: Path, node: str, job: str) -> dict[str, Any]:

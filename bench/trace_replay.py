@@ -59,7 +59,6 @@ from bench.fleet_sim import FaultyReport, FleetSim, drop_namespace
 from schemas.envelope import Envelope
 from schemas.events.v1 import Fault, NodeState, OpsNeed, PoolHealth
 from schemas.topics import Topic, topic_name
-from services import launcher
 from services.analyzer.needs.load_balance import Args as LoadBalanceArgs
 from services.analyzer.needs.online import Args as OnlineArgs
 from services.analyzer.needs.scale import Args as ScaleArgs
@@ -67,6 +66,7 @@ from services.analyzer.settings import AnalyzerSettings
 from services.shared.messaging import ensure_topics
 from services.shared.registry import register
 from services.shared.signing import ensure_keypair, verifier_from_files
+from warden import launcher
 
 # Kept in the repository with their provenance (bench/traces/README.md).
 DEFAULT_TRACES = Path(__file__).resolve().parent / "traces"

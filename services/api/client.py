@@ -1,4 +1,5 @@
-"""A small synchronous client of the API, for `warden tasks|nodes|templates` and scripts."""
+"""A small synchronous client of the API, for the `warden` commands that go through it and for
+scripts."""
 
 from __future__ import annotations
 
@@ -118,6 +119,13 @@ class ApiClient:
         found: list[dict[str, Any]] = self.call("GET", "/api/nodes",
                                                 params={"cluster": cluster})["nodes"]
         return found
+
+    def reset_breaker(self, cluster: str, kind: str, reason: str,
+                      node: str | None = None) -> dict[str, Any]:
+        """Close a breaker (admin); the API audits it under the token's user and announces it."""
+        reset: dict[str, Any] = self.call("POST", "/api/breakers/reset", json={
+            "cluster": cluster, "kind": kind, "node": node, "reason": reason})
+        return reset
 
     def templates(self) -> list[dict[str, Any]]:
         found: list[dict[str, Any]] = self.call("GET", "/api/templates")

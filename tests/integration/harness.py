@@ -15,9 +15,9 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from schemas.events.v1 import TaskEvent
 from schemas.topics import Topic, topic_name
-from services import launcher
 from services.shared.messaging import delete_topics, ensure_topics
 from tests.waiting import eventually
+from warden import launcher
 
 
 class Record(Protocol):

@@ -12,7 +12,6 @@ from redis.asyncio import Redis
 from agent import fleet
 from schemas.events.v1 import Alert
 from schemas.topics import Topic
-from services import launcher
 from services.scheduler.breaker import BreakerConfig, Outcome
 from services.scheduler.breaker_store import UNREADABLE, BreakerStore
 from services.shared.redis_client import Keys, connect_redis
@@ -29,6 +28,7 @@ from tests.integration.harness import (
     tap,
     task_events_for,
 )
+from warden import launcher
 
 GENTLE = BreakerConfig(disruptive=False, wait_s=0.0)
 # Dispatcher ticks a held task must be seen held back in before its absence is judged.

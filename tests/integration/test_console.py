@@ -36,7 +36,6 @@ from playwright.async_api import Page, async_playwright, expect
 from agent import fleet
 from schemas.events.v1 import TaskEvent, now_utc
 from schemas.topics import Topic
-from services import launcher
 from services.shared.registry import register
 from services.shared.signing import ensure_keypair
 from services.store.db import migrate, open_store
@@ -51,6 +50,7 @@ from tests.integration.harness import (
     stack_env,
     tap,
 )
+from warden import launcher
 
 NODES = ["node-001", "node-002", "node-003"]
 TARGET = "node-002"

@@ -29,7 +29,6 @@ from playwright.async_api import Page, async_playwright, expect
 
 from agent import fleet
 from agent.ml.data import PIXEL_MAX, digits, split
-from services import launcher
 from services.shared.registry import register
 from services.shared.signing import ensure_keypair
 from services.store.db import migrate
@@ -40,6 +39,7 @@ from tests.integration.test_console import (
     screenshot,
     wait_healthy,
 )
+from warden import launcher
 
 CLUSTER = "itest"
 FLEET = {"node-001": "digits-knn@1,digits-logreg@1", "node-002": "digits-knn@1"}

@@ -17,7 +17,6 @@ from agent import fleet
 from agent.journal import JOURNAL_FILE
 from schemas.events.v1 import TaskEvent
 from schemas.topics import Topic
-from services import launcher
 from services.shared.registry import register
 from services.shared.signing import ensure_keypair
 from tests.integration.harness import (
@@ -31,6 +30,7 @@ from tests.integration.harness import (
     task_events_for,
     until,
 )
+from warden import launcher
 
 NODES = ["node-001", "node-002"]
 TARGET = "node-002"

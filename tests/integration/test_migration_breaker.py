@@ -1,7 +1,8 @@
 """The migration breaker on the real broker, Redis and agent processes: job moves that fail
 (injected on the agents) trip the breaker of kind `migrate` at its threshold; one alert is
-raised, later migrations stay queued, also across a scheduler restart, and only an audited
-admin reset lets them run again, and succeed."""
+raised, later migrations stay queued, also across a scheduler restart, and only an admin's
+reset (`warden breaker reset`, through the API, audited under the token's user) lets them run
+again, and succeed."""
 
 from __future__ import annotations
 
@@ -17,13 +18,14 @@ import pytest
 from agent import fleet
 from schemas.events.v1 import Alert, NodeReport, OpsTask, TaskEvent
 from schemas.topics import Topic
-from services import launcher
 from services.scheduler.breaker import BreakerConfig
 from services.scheduler.breaker_store import BreakerStore
 from services.shared.audit import AuditLog
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.registry import register
 from services.shared.signing import ensure_keypair
+from services.store.db import migrate, open_store
+from services.store.queries import list_audit
 from tests.integration.harness import (
     Record,
     Tap,
@@ -36,6 +38,8 @@ from tests.integration.harness import (
     tap,
     until,
 )
+from tests.integration.test_console import free_port, wait_healthy
+from warden import launcher
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -45,6 +49,7 @@ WARDEN = Path(sys.executable).parent / "warden"
 # Lines "held back by breaker" a check waits for before it judges that nothing was dispatched
 # (one a dispatcher tick; see the checks).
 TICKS = 3
+ADMIN, ADMIN_TOKEN = "ada", "breaker-admin-token-0123456789"
 
 
 def task_events(events: Tap) -> list[TaskEvent]:
@@ -131,8 +136,14 @@ async def offline_with_migrations(events: Tap, state_dir: Path, node: str) -> Op
 async def test_failed_migrations_open_the_breaker_until_an_audited_reset(
     kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path
 ) -> None:
+    port = free_port()
+    api_url = f"http://127.0.0.1:{port}"
+    database_url = f"sqlite+aiosqlite:///{tmp_path / 'warden.db'}"
     env = stack_env(
         kafka_bootstrap, redis_url, namespace, tmp_path, WARDEN_LOG_LEVEL="INFO",
+        # The reset goes through the API, as the admin's token says who they are.
+        DATABASE_URL=database_url, API_HOST="127.0.0.1", API_PORT=str(port),
+        API_TOKENS=f"{ADMIN_TOKEN}:{ADMIN}:admin",
         # Two simulated jobs per node (training and inference): two moves per offline node.
         AGENT_JOBS="sim:train,infer",
         ANALYZER_ENABLED_NEEDS='["offline"]', ANALYZER_POOL_PERIOD_S="1",
@@ -152,7 +163,8 @@ async def test_failed_migrations_open_the_breaker_until_an_audited_reset(
     async def breaker_open() -> bool:
         return await redis.hget(breaker_key, "status") == b"OPEN"
 
-    async with services(env, tmp_path) as running:
+    await migrate(database_url)  # once, before the store and the API both start
+    async with services(env, tmp_path, (*launcher.SERVICES, launcher.API)) as running:
         await register(redis_url, namespace, "itest", NODES)
         fleet.fleet_up(len(NODES), 2, "itest", namespace, tmp_path, env, [public], 1.0)
         try:
@@ -273,23 +285,37 @@ async def test_failed_migrations_open_the_breaker_until_an_audited_reset(
                 for node in NODES:
                     fleet.inject_fault(tmp_path, node, fail_actions=[])
                 reason = "migrate_job failures were injected by the test; cleared"
+                await wait_healthy(api_url, 120)
                 cli = await asyncio.create_subprocess_exec(
                     str(WARDEN), "breaker", "reset", "--cluster", "itest", "--kind", "migrate",
-                    "--actor", "admin", "--reason", reason,
-                    env={**os.environ, **env}, cwd=fleet.REPO_ROOT,
+                    "--reason", reason,
+                    env={**os.environ, **env, "WARDEN_API_URL": api_url,
+                         "WARDEN_API_TOKEN": ADMIN_TOKEN},
+                    cwd=fleet.REPO_ROOT,
                     stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
                 output, _ = await asyncio.wait_for(cli.communicate(), 60)
                 printed = output.decode(errors="replace")
                 assert cli.returncode == 0, printed
                 assert "breaker itest/migrate: OPEN -> CLOSED" in printed, printed
 
+                # Audited twice under the token's user: in the scheduler's stream (with the
+                # reset, atomically) and in the API's log.
                 audit = AuditLog(redis, keys)
                 entry = (await audit.read(1))[-1].entry
                 assert (entry.actor, entry.role, entry.action, entry.target, entry.reason,
-                        entry.result) == ("admin", "admin", "breaker_reset", "itest/migrate",
+                        entry.result) == (ADMIN, "admin", "breaker_reset", "itest/migrate",
                                           reason, "OPEN -> CLOSED")
                 verdict = await audit.verify()
                 assert verdict.ok, verdict
+                task_store = open_store(database_url)
+                try:
+                    async with task_store.session() as session:
+                        rows, _ = await list_audit(session, 100, 0)
+                finally:
+                    await task_store.close()
+                assert [(r.actor, r.role, r.target, r.reason, r.result) for r in rows
+                        if r.action == "breaker_reset"] == [
+                    (ADMIN, "admin", "breaker/itest/migrate", reason, "OPEN -> CLOSED")]
                 assert await redis.hget(breaker_key, "status") == b"CLOSED"
                 notice = await watch.wait_for(
                     lambda r: r.topic.endswith(Topic.OPS_ALERTS.value)

@@ -34,7 +34,6 @@ from agent.faults import ModelFault
 from agent.ml.data import PIXEL_MAX, digits, split
 from schemas.events.v1 import MlTaskOutcome, MlTaskSubmitted, ModelSelected, now_utc
 from schemas.topics import Topic
-from services import launcher
 from services.router.registry import NodeModels
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.registry import register
@@ -42,6 +41,7 @@ from services.shared.signing import ensure_keypair
 from services.store.db import migrate
 from tests.integration.harness import name, read_to_end, services, stack_env, until
 from tests.integration.test_console import free_port, wait_healthy
+from warden import launcher
 
 CLUSTER = "itest"
 STANDARD = "digits-logreg@1,digits-mlp@1,digits-knn@1"

@@ -1,8 +1,10 @@
 """The container deployment stays in step with the code: every service the launcher runs is
-in deploy/compose.yaml with a command that imports, and the image holds every package."""
+in deploy/compose.yaml, run the way the launcher runs it, with a command that imports; the
+image holds every package and its command is the project's `warden` script."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import re
 import tomllib
@@ -11,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from services import launcher
+from warden import launcher
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,6 +28,15 @@ def test_compose_runs_every_service_the_launcher_runs_and_the_api() -> None:
     services = compose()["services"]
     for name in (*launcher.SERVICES, "api", "postgres", "kafka", "redis"):
         assert name in services, f"deploy/compose.yaml has no {name}"
+
+
+def test_compose_runs_each_process_as_the_launcher_does() -> None:
+    services = compose()["services"]
+    for name in launcher.PROCESSES:
+        command = services[name]["command"]
+        # `faststream ...` is FastStream's script for `python -m faststream ...`.
+        as_module = command[1:] if command[0] == "python" else ["-m", *command]
+        assert as_module == launcher.service_command(name)[1:], name
 
 
 def test_every_compose_command_names_a_module_that_imports() -> None:
@@ -44,3 +55,13 @@ def test_the_image_copies_every_package_the_project_installs() -> None:
     dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
     for package in packages:
         assert re.search(rf"^COPY {package} \./{package}$", dockerfile, re.M), package
+
+
+def test_the_image_runs_the_warden_script_of_the_project() -> None:
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    command = re.search(r'^CMD \["([\w-]+)"', dockerfile, re.M)
+    assert command is not None
+    assert command[1] == "warden"
+    module, _, function = scripts["warden"].partition(":")
+    assert callable(getattr(importlib.import_module(module), function))

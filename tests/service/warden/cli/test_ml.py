@@ -11,7 +11,7 @@ from schemas.events.v1 import NodeReport
 from services.router.registry import Registry
 from services.store.ml import MlRecorder
 from tests.contracts.examples import example
-from tests.service.api.test_cli_api import Cli, warden  # noqa: F401  (the fixture)
+from tests.service.warden.cli.conftest import Cli
 from tests.unit.store.test_ml_records import story
 
 
@@ -27,7 +27,7 @@ def record(cli: Cli, start_s: float = 0.0, succeed: bool = True) -> str:
     return str(events[0].task_id)
 
 
-def test_ml_list_and_show(warden: Cli) -> None:  # noqa: F811
+def test_ml_list_and_show(warden: Cli) -> None:
     done = record(warden)
     failed = record(warden, start_s=10.0, succeed=False)
     result = warden.run("ml", "list", role="viewer")
@@ -44,14 +44,13 @@ def test_ml_list_and_show(warden: Cli) -> None:  # noqa: F811
 
     shown = warden.run("ml", "show", done, "--candidates")
     assert shown.exit_code == 0, shown.output
-    out = shown.output
-    assert "state     succeeded" in out
-    assert "attempt 1: digits-mlp:2 on node-002 [selected] -> failed: model_fault" in out
-    assert "attempt 2: digits-knn:1 on node-003 [selected] -> 0" in out
-    assert "quarantined until" in out
+    for part in ("state     succeeded",
+                 "attempt 1: digits-mlp:2 on node-002 [selected] -> failed: model_fault",
+                 "attempt 2: digits-knn:1 on node-003 [selected] -> 0", "quarantined until"):
+        assert part in shown.output
 
 
-def test_ml_models_shows_the_registry(warden: Cli) -> None:  # noqa: F811
+def test_ml_models_shows_the_registry(warden: Cli) -> None:
     report = example("node_report", NodeReport)
     fresh = report.model_copy(update={"cluster_id": "c1", "occurred_at": datetime.now(UTC)})
     registry = Registry(warden.runtime.redis, warden.runtime.keys, require_registration=False)
@@ -64,7 +63,7 @@ def test_ml_models_shows_the_registry(warden: Cli) -> None:  # noqa: F811
                                "closed"]
 
 
-def test_submit_needs_exactly_one_input(warden: Cli) -> None:  # noqa: F811
+def test_submit_needs_exactly_one_input(warden: Cli) -> None:
     for args in ((), ("--digit", "1", "--input", "1,2")):
         result = warden.run("submit", *args, role="operator")
         assert result.exit_code == 2, result.output
@@ -73,7 +72,7 @@ def test_submit_needs_exactly_one_input(warden: Cli) -> None:  # noqa: F811
 
 
 @pytest.mark.usefixtures("kafka_bootstrap")
-def test_submit_publishes_a_held_out_digit(warden: Cli) -> None:  # noqa: F811
+def test_submit_publishes_a_held_out_digit(warden: Cli) -> None:
     result = warden.run("submit", "--digit", "3", "--deadline", "5", role="operator")
     assert result.exit_code == 0, result.output
     assert result.output.startswith("submitted ML task ")

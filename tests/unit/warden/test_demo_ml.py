@@ -10,7 +10,7 @@ from uuid import uuid4
 import httpx
 
 from services.api.client import ApiClient, ClientSettings
-from services.demo_ml import attempts_by_arm, busiest, recent_tasks, share_table
+from warden.demo_ml import attempts_by_arm, busiest, recent_tasks, share_table
 
 
 def row(state: str, model: str | None = "digits-mlp", node: str | None = "node-001",

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import httpx
 
-from services import launcher
 from tests.service.api.conftest import TOKENS, token_setting
+from warden import launcher
 
 
 def free_port() -> int:

@@ -1,0 +1,36 @@
+"""The API's local environment `warden up` makes: a local admin token, which the commands use
+when WARDEN_API_TOKEN is not set, and the templater's template folder (pure; the commands
+against the API are in tests/service/warden/cli/)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from services.api.auth import load_tokens
+from services.shared.settings import ServiceSettings
+from warden.cli import common, local
+
+
+def test_up_makes_a_local_admin_token_and_points_the_templater_at_the_api_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("API_TOKENS", "API_TOKENS_FILE", "TEMPLATER_TEMPLATE_DIR", "WARDEN_API_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WARDEN_STATE_DIR", str(tmp_path))
+    env = local.api_env(ServiceSettings())
+    tokens = Path(env["API_TOKENS_FILE"])
+    assert tokens.stat().st_mode & 0o777 == 0o600
+    [entry] = load_tokens("", str(tokens)).entries
+    assert (entry.principal.user, entry.principal.role) == ("local-admin", "admin")
+    assert Path(env["TEMPLATER_TEMPLATE_DIR"]) == tmp_path / "templates"
+    assert (tmp_path / "templates" / "offline.yaml").exists()
+    content = tokens.read_text()
+    assert local.api_env(ServiceSettings())["API_TOKENS_FILE"] == str(tokens)
+    assert tokens.read_text() == content  # made once
+    # The CLI uses that token when WARDEN_API_TOKEN is not set.
+    token = content.splitlines()[1].partition(":")[0]
+    with common.api_client() as client:
+        assert client.http.headers["Authorization"] == f"Bearer {token}"
+    monkeypatch.setenv("API_TOKENS", "x")
+    assert "API_TOKENS_FILE" not in local.api_env(ServiceSettings())

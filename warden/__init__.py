@@ -1,0 +1,1 @@
+"""`warden`, the operator's tools: the command line, the process launcher and the demo."""

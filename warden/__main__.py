@@ -1,0 +1,5 @@
+"""`python -m warden`: the `warden` command."""
+
+from warden.cli import main
+
+main()
