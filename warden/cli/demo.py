@@ -29,6 +29,10 @@ DEMO_SETTINGS = {
 }
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def demo(
     nodes: Annotated[int, typer.Option(min=2, max=50)] = 3,
     fault_after: Annotated[float, typer.Option(help="Seconds before the first fault.")] = 12.0,
@@ -96,6 +100,9 @@ def demo(
         await asyncio.gather(watcher, guarding, ml)
 
     previous = signal.getsignal(signal.SIGINT)
+    # SIGTERM (`timeout make demo`, a closed terminal, a supervisor) stops the demo the way
+    # Ctrl-C does: through the cleanup below, so no service or agent is left running.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         asyncio.run(show())
     except KeyboardInterrupt:
