@@ -21,7 +21,8 @@ from datetime import datetime
 from functools import partial
 
 from agent.effects import Effect
-from agent.jobs import JobKind, JobRecord, JobRunner, JobView
+from agent.jobs.runner import JobRunner, JobView
+from agent.jobs.table import JobKind, JobRecord
 from agent.store import CheckpointMeta, CheckpointStore, StoreError, safe_job_id
 from schemas.envelope import short_text
 from schemas.events.v1 import (

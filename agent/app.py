@@ -20,7 +20,9 @@ from agent.commands import CommandExecutor
 from agent.device import GpuProbe, NvmlProbe, open_probe
 from agent.faults import FaultPlan, read_faults, reports_paused
 from agent.host import HostSampler
-from agent.jobs import JobManager, JobRunner, SimulatedJobs, job_args, job_specs
+from agent.jobs.processes import JobManager, job_args, job_specs
+from agent.jobs.runner import JobRunner
+from agent.jobs.simulated import SimulatedJobs
 from agent.journal import Journal
 from agent.ml.serving import ModelServer
 from agent.peers import EchoListener, PeerProber

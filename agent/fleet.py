@@ -4,7 +4,7 @@ Layout under a fleet's state directory:
     agents/<node>/agent.pid      the pid of the agent process
     agents/<node>/faults.json    its fault plan (see agent.faults)
     agents/<node>/journal.sqlite3
-    agents/<node>/jobs.json      the jobs the node owns (see agent.jobs)
+    agents/<node>/jobs.json      the jobs the node owns (see agent.jobs.table)
     agents/<node>/probe.addr     its peer-probe listener (see agent.peers)
     agents/<node>/jobs/<job>/    status.json, checkpoint.npz, job.pid, job.log of a job
     checkpoints/<job>/           checkpoint.npz, meta.json: the shared checkpoint store
@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.faults import FaultPlan, clear_fault_file, read_faults, write_faults
-from agent.jobs import JOBS_DIR
-from agent.jobs import PID_FILE as JOB_PID_FILE
+from agent.jobs.processes import JOBS_DIR
+from agent.jobs.processes import PID_FILE as JOB_PID_FILE
 from agent.settings import CHECKPOINTS_DIR
 
 log = logging.getLogger("clusterwarden.agent.fleet")

@@ -10,7 +10,7 @@ from uuid import uuid4
 from agent.device import GpuProbe
 from agent.faults import FaultPlan, faults_for_report, gpu_faults, inject_into_gpus, job_faults
 from agent.host import HostSampler
-from agent.jobs import JobSource
+from agent.jobs.runner import JobSource
 from agent.journal import Journal
 from schemas.envelope import IDENTIFIER_MAX, short_text
 from schemas.events.v1 import Fault, GpuMetrics, HostMetrics, NodeReport, PeerProbe, ServedModel

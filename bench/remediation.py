@@ -37,7 +37,7 @@ from uuid import UUID, uuid4
 from aiokafka import AIOKafkaConsumer
 
 from agent import fleet
-from agent.jobs import job_dir
+from agent.jobs.processes import job_dir
 from agent.ml.runtime import STATUS_FILE
 from bench.common import exit_cleanly_on_sigterm, percentile
 from schemas.events.v1 import OutputValue, TaskEvent

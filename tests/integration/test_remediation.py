@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from agent import fleet
-from agent.jobs import job_dir
+from agent.jobs.processes import job_dir
 from agent.ml.runtime import STATUS_FILE
 from schemas.events.v1 import TaskEvent
 from schemas.topics import Topic

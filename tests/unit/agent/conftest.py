@@ -15,7 +15,7 @@ import pytest
 from agent.actions import JobActions
 from agent.commands import CommandExecutor
 from agent.faults import read_faults
-from agent.jobs import JobRunner
+from agent.jobs.runner import JobRunner
 from agent.journal import Journal
 from agent.store import CheckpointStore
 from schemas.events.v1 import Action, Command, CommandPayload, CommandResult, DrainNode

@@ -34,8 +34,8 @@ from agent.fleet import (
     read_pid,
     start_agent,
 )
-from agent.jobs import PID_FILE as JOB_PID_FILE
-from agent.jobs import job_dir
+from agent.jobs.processes import PID_FILE as JOB_PID_FILE
+from agent.jobs.processes import job_dir
 from agent.ml.runtime import STATUS_FILE
 from agent.peers import PROBE_FILE, PeerProber, read_probe_addr
 from tests.waiting import DEADLINE_S, wait_until

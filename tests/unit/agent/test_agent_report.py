@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from agent.device import SimulatedProbe
 from agent.faults import FaultPlan
 from agent.host import HostSampler, NetCounters, net_rates
-from agent.jobs import TRAINING_RUN_S, SimulatedJobs
+from agent.jobs.simulated import TRAINING_RUN_S, SimulatedJobs
 from agent.journal import Journal
 from agent.report import Reporter
 from agent.settings import AgentSettings

@@ -265,7 +265,7 @@ async def test_a_slow_model_answers_later_or_times_out(
 def test_the_report_lists_the_served_models_from_loading_to_ready(journal: Journal) -> None:
     from agent.device import SimulatedProbe
     from agent.host import HostSampler
-    from agent.jobs import SimulatedJobs
+    from agent.jobs.simulated import SimulatedJobs
     from agent.report import Reporter
 
     models = ModelServer(("digits-knn@1", "digits-logreg@1"))
