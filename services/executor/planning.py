@@ -16,7 +16,7 @@ from typing import Literal, NamedTuple
 
 from schemas.envelope import short_text
 from schemas.events.v1 import Guard, OutputValue
-from services.analyzer.needs.hysteresis import BandArgs
+from schemas.ranges import Band
 from services.capacity.provider import NodeOffer
 
 Direction = Literal["out", "in"]
@@ -169,7 +169,7 @@ def estimated_load(node: NodeView, pool: PoolView) -> float:
     return job_load(node, pool) * node.active_jobs
 
 
-def default_target(band: BandArgs, direction: Direction) -> float:
+def default_target(band: Band, direction: Direction) -> float:
     """What a capacity change aims at: the range's exit threshold on the side it leaves.
 
     The smallest change that brings the pool back inside its range with the hysteresis
@@ -183,8 +183,8 @@ def default_target(band: BandArgs, direction: Direction) -> float:
 
 
 def guard_holds(
-    guard: Guard, pool: PoolView, node: NodeView | None, pool_band: BandArgs,
-    node_band: BandArgs,
+    guard: Guard, pool: PoolView, node: NodeView | None, pool_band: Band,
+    node_band: Band,
 ) -> tuple[bool, str]:
     """Whether a step's guard holds on this fresh state, and why (the reason is recorded)."""
     if guard == "pool_above_range":
@@ -205,7 +205,7 @@ def _pool_text(pool: PoolView) -> str:
     return text + ")"
 
 
-def _pool_above(pool: PoolView, band: BandArgs) -> tuple[bool, str]:
+def _pool_above(pool: PoolView, band: Band) -> tuple[bool, str]:
     if not pool.gpus:
         if pool.load > 0:
             return True, f"pool {pool.pool} has no GPU up for its work"
@@ -215,7 +215,7 @@ def _pool_above(pool: PoolView, band: BandArgs) -> tuple[bool, str]:
     return above, f"{_pool_text(pool)} {word} {band.high_enter:g}%"
 
 
-def _pool_below(pool: PoolView, band: BandArgs) -> tuple[bool, str]:
+def _pool_below(pool: PoolView, band: Band) -> tuple[bool, str]:
     if not pool.nodes:
         return False, f"pool {pool.pool} has no node up"
     below = pool.util_pct < band.low_enter
@@ -223,7 +223,7 @@ def _pool_below(pool: PoolView, band: BandArgs) -> tuple[bool, str]:
     return below, f"{_pool_text(pool)} {word} {band.low_enter:g}%"
 
 
-def _nodes_out(pool: PoolView, band: BandArgs) -> tuple[bool, str]:
+def _nodes_out(pool: PoolView, band: Band) -> tuple[bool, str]:
     out = out_of_range(pool, band)
     if not out:
         return False, (f"all {len(pool.nodes)} up nodes of pool {pool.pool} inside "
@@ -247,7 +247,7 @@ def _node_has_jobs(node: NodeView | None) -> tuple[bool, str]:
     return False, f"{node.node_id} has no job to move"
 
 
-def out_of_range(pool: PoolView, band: BandArgs) -> list[NodeView]:
+def out_of_range(pool: PoolView, band: Band) -> list[NodeView]:
     """Active nodes outside the node range, busiest first."""
     return sorted(
         (n for n in pool.nodes
@@ -289,7 +289,7 @@ class CapacityPlan:
 
 
 def capacity_plan(
-    pool: PoolView, offers: Sequence[NodeOffer], band: BandArgs, direction: Direction,
+    pool: PoolView, offers: Sequence[NodeOffer], band: Band, direction: Direction,
     fixed_count: int = 0, *, target_pct: float | None = None,
 ) -> CapacityPlan:
     """Which of `offers` to add ("out") or remove ("in").
@@ -355,7 +355,7 @@ def capacity_plan(
 _MAX_COMBINATIONS = 20_000
 
 
-def _best_selection(load: float, gpus: int, offers: Sequence[NodeOffer], band: BandArgs,
+def _best_selection(load: float, gpus: int, offers: Sequence[NodeOffer], band: Band,
                     target: float) -> list[NodeOffer]:
     """The standby nodes that bring the pool nearest the target: inside the range first,
     then nearest, then the fewest nodes (nodes of one size are interchangeable, so only how
@@ -376,14 +376,14 @@ def _best_selection(load: float, gpus: int, offers: Sequence[NodeOffer], band: B
             for offer in by_size[size][:count]]
 
 
-def _best_count(util: list[float], band: BandArgs, target: float) -> int:
+def _best_count(util: list[float], band: Band, target: float) -> int:
     """The count whose utilisation is nearest the target, preferring those inside the range."""
     inside = [k for k, u in enumerate(util) if band.low_exit <= u <= band.high_exit]
     candidates = inside or list(range(len(util)))
     return min(candidates, key=lambda k: (abs(util[k] - target), k))
 
 
-def _size_effect(pool: PoolView, load: float, k: int, band: BandArgs, target: float) -> str:
+def _size_effect(pool: PoolView, load: float, k: int, band: Band, target: float) -> str:
     """Says when the offers' size changed the count, against nodes of the pool's average."""
     mean = pool.mean_gpus
     if mean <= 0:
@@ -450,7 +450,7 @@ def pick_destination(pool: PoolView, exclude: Iterable[str] = ()) -> NodeView | 
 
 
 def rebalance_moves(
-    pool: PoolView, node_band: BandArgs, max_jobs: int, from_node: str | None = None
+    pool: PoolView, node_band: Band, max_jobs: int, from_node: str | None = None
 ) -> list[Move]:
     """Moves from busy to idle nodes until every node is in range (or no move helps).
 

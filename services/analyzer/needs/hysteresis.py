@@ -1,4 +1,5 @@
-"""Shared by the stateful needs: a band with enter/exit thresholds, episodes and their ids."""
+"""Shared by the stateful needs: a band with enter/exit thresholds and a hold, episodes and
+their ids."""
 
 from __future__ import annotations
 
@@ -6,42 +7,29 @@ from datetime import datetime
 from typing import Literal
 from uuid import UUID, uuid5
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field
 
 from schemas.events.v1 import Evidence, NeedKind, NeedLevel, OpsNeed
+from schemas.ranges import Band
 from services.analyzer.conditions import ConditionState, held_for
 
 Side = Literal["high", "low"]
 
 
-class BandArgs(BaseModel):
-    """A utilisation range, %: a value enters above/below `*_enter` and leaves past `*_exit`."""
+class BandArgs(Band):
+    """A range the analyzer checks (the contract's `Band`) and how long a value must be out
+    of it before it is a need. Read from the environment, so not strict like the wire."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
 
-    low_enter: float = Field(default=20.0, ge=0.0, le=1e6)
-    low_exit: float = Field(default=25.0, ge=0.0, le=1e6)
-    high_enter: float = Field(default=80.0, ge=0.0, le=1e6)
-    high_exit: float = Field(default=75.0, ge=0.0, le=1e6)
     hold_s: float = Field(
         default=60.0, ge=0.0, le=86_400.0,
         description="The condition must hold this long before it is a need (a spike is not).",
     )
 
-    @model_validator(mode="after")
-    def _thresholds_nest(self) -> BandArgs:
-        # Exits inside entries, and the two sides apart: otherwise a value could be in both
-        # conditions at once, or leave one the moment it entered.
-        if not self.low_enter <= self.low_exit < self.high_exit <= self.high_enter:
-            raise ValueError(
-                "need low_enter <= low_exit < high_exit <= high_enter, got "
-                f"{self.low_enter}, {self.low_exit}, {self.high_exit}, {self.high_enter}"
-            )
-        return self
-
 
 def band_side(
-    prior: str | None, value: float, band: BandArgs, *, allow_low: bool = True
+    prior: str | None, value: float, band: Band, *, allow_low: bool = True
 ) -> Side | None:
     """The side of the band `value` is on, given the side it was on: exits are looser."""
     if prior == "high" and value >= band.high_exit:
@@ -109,7 +97,7 @@ def held_detail(state: ConditionState, at: datetime, hold_s: float) -> str:
             f"to {at.isoformat()} (hold {hold_s:.0f}s)")
 
 
-def band_detail(side: Side, value: float, band: BandArgs) -> str:
+def band_detail(side: Side, value: float, band: Band) -> str:
     """Which edge of the band a value crossed, and where it would leave the condition."""
     if side == "high":
         return f"{value:.1f}% above {band.high_enter:g}% (leaves below {band.high_exit:g}%)"

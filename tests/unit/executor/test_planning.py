@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from schemas.events.v1 import Guard
-from services.analyzer.needs.hysteresis import BandArgs
+from schemas.ranges import Band
 from services.capacity.provider import NodeOffer
 from services.executor.planning import (
     JobRef,
@@ -21,9 +21,9 @@ from services.executor.planning import (
     standby_order,
 )
 
-DEFAULT = BandArgs()  # 20-80 %, left at 25/75 %: the middle is 50 %
+DEFAULT = Band()  # 20-80 %, left at 25/75 %: the middle is 50 %
 # A range whose middle is 70 %, as in "5 nodes at 85% -> 6 nodes at about 70%".
-AROUND_70 = BandArgs(low_enter=60.0, low_exit=62.0, high_exit=78.0, high_enter=80.0)
+AROUND_70 = Band(low_enter=60.0, low_exit=62.0, high_exit=78.0, high_enter=80.0)
 
 
 def job(job_id: str, state: str = "running") -> JobRef:
