@@ -160,8 +160,11 @@ class Analyzer:
         """Publish needs that are not already open (an identical open need is not raised)."""
         fresh = []
         for need in needs:
-            if self.settings.dry_run and not need.dry_run:
-                need = need.model_copy(update={"dry_run": True})
+            # The ranges it was raised under travel with it, to the executor's guards.
+            need = need.model_copy(update={
+                "ranges": self.settings.ranges_for(need.cluster_id, need.pool),
+                "dry_run": need.dry_run or self.settings.dry_run,
+            })
             if await self.store.open_need(need.cluster_id, need.kind, need.target,
                                           self.settings.open_need_ttl_s):
                 fresh.append(need)

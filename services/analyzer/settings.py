@@ -6,6 +6,7 @@ from typing import Any, Self
 from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from schemas.ranges import Band, Ranges
 from services.analyzer.needs.load_balance import Args as LoadBalanceArgs
 from services.analyzer.needs.offline import Args as OfflineArgs
 from services.analyzer.needs.online import Args as OnlineArgs
@@ -57,3 +58,15 @@ class AnalyzerSettings(ServiceSettings):
         changes = (self.overrides.get(cluster, {}).get(need, {})
                    | self.overrides.get(f"{cluster}/{pool}", {}).get(need, {}))
         return type(base).model_validate(base.model_dump() | changes) if changes else base
+
+    def ranges_for(self, cluster: str, pool: str) -> Ranges:
+        """The pool (scale) and node (load balance) ranges of one pool, as needs carry them
+        to the executor's guards."""
+        return Ranges(pool=self._band_for("scale", cluster, pool),
+                      node=self._band_for("load_balance", cluster, pool))
+
+    def _band_for(self, need: str, cluster: str, pool: str) -> Band:
+        args = self.args_for(need, cluster, pool)
+        if not isinstance(args, Band):
+            raise TypeError(f"{need} arguments are not a range: {type(args).__name__}")
+        return args.band()

@@ -40,8 +40,6 @@ from schemas.events.v1 import (
     Step,
     now_utc,
 )
-from services.analyzer.needs.hysteresis import BandArgs
-from services.analyzer.settings import AnalyzerSettings
 from services.capacity.provider import (
     CapacityProvider,
     NodeOffer,
@@ -89,7 +87,6 @@ class Centre:
         view: ClusterView,
         provider: CapacityProvider,
         settings: CapacitySettings | None = None,
-        analyzer: AnalyzerSettings | None = None,
         *,
         source: str = "executor",
         clock: Callable[[], datetime] = now_utc,
@@ -98,8 +95,6 @@ class Centre:
         self.view = view
         self.provider = provider
         self.settings = settings or CapacitySettings()
-        # The same ranges the analyzer raised the need with (ANALYZER_* environment).
-        self.analyzer = analyzer or AnalyzerSettings()
         self.source = source
         self.clock = clock
         self.sleep = sleep
@@ -115,8 +110,9 @@ class Centre:
         pool = await self._pool(task, pool_name)
         node_id = getattr(step.action, "node_id", None) or task.target
         node = await self.view.node(cluster, node_id) if step.guard == "node_has_jobs" else None
-        return guard_holds(step.guard, pool, node, self._band("scale", cluster, pool_name),
-                           self._band("load_balance", cluster, pool_name))
+        # The ranges the need was raised under, carried by the task (else the defaults).
+        ranges = task.ranges_in_force
+        return guard_holds(step.guard, pool, node, ranges.pool, ranges.node)
 
     # ------------------------------------------------------------ actions
 
@@ -154,7 +150,7 @@ class Centre:
             offers = standby_order(await self.provider.standby(cluster, pool_name))
         except Exception as err:
             return _provider_failed("standby", err)
-        plan = capacity_plan(pool, offers, self._band("scale", cluster, pool_name), "out",
+        plan = capacity_plan(pool, offers, task.ranges_in_force.pool, "out",
                              action.nodes, target_pct=self.settings.target_util_pct)
         outputs = plan.outputs() | {"provider": self.provider.name}
         if dry_run:
@@ -185,7 +181,7 @@ class Centre:
         # Never the task's own node: an online task must not remove the node it brought back.
         candidates = [NodeOffer(n.node_id, n.gpus) for n in removal_order(pool, owned)
                       if n.node_id != task.target]
-        plan = capacity_plan(pool, candidates, self._band("scale", cluster, pool_name), "in",
+        plan = capacity_plan(pool, candidates, task.ranges_in_force.pool, "in",
                              action.nodes, target_pct=self.settings.target_util_pct)
         outputs = plan.outputs() | {"provider": self.provider.name}
         if dry_run:
@@ -201,7 +197,7 @@ class Centre:
                             command_id: UUID, dry_run: bool) -> CentreResult:
         cluster = task.cluster_id
         pool = await self.view.pool(cluster, action.pool)
-        band = self._band("load_balance", cluster, action.pool)
+        band = task.ranges_in_force.node
         unplaced = 0
         if action.node_id is None:
             moves = rebalance_moves(pool, band, action.max_jobs)
@@ -326,15 +322,10 @@ class Centre:
             dry_run=parent.dry_run,
             steps=steps,
             evidence=list(parent.evidence),
+            ranges=parent.ranges,
         )
 
     # ------------------------------------------------------------ helpers
-
-    def _band(self, need: str, cluster: str, pool: str) -> BandArgs:
-        args = self.analyzer.args_for(need, cluster, pool)
-        if not isinstance(args, BandArgs):
-            raise TypeError(f"{need} arguments are not a range: {type(args).__name__}")
-        return args
 
     async def _pool(self, task: OpsTask, pool: str) -> PoolView:
         """The pool, counting in the jobs of the task's node if it is leaving the pool."""
@@ -413,7 +404,7 @@ def executor_public_key(signing_key: str, state_dir: str) -> Path:
 
 
 def build_centre(settings: ExecutorSettings, redis: Redis, keys: Keys) -> Centre:
-    """The centre the executor runs: CAPACITY_* settings, the analyzer's ranges."""
+    """The centre the executor runs: CAPACITY_* settings; ranges come with each task."""
     capacity = CapacitySettings()
     context = ProviderContext(
         redis=redis, keys=keys, settings=capacity,
@@ -421,5 +412,4 @@ def build_centre(settings: ExecutorSettings, redis: Redis, keys: Keys) -> Centre
         env=agent_environment(os.environ),
         trusted_keys=(executor_public_key(settings.signing_key, settings.state_dir),),
     )
-    return Centre(ClusterView(redis, keys), build_provider(context), capacity,
-                  AnalyzerSettings())
+    return Centre(ClusterView(redis, keys), build_provider(context), capacity)

@@ -449,6 +449,7 @@ def plan(template: Template, need: OpsNeed, now: datetime, source: str,
             dry_run=dry_run or need.dry_run,
             steps=steps,
             evidence=list(need.evidence),
+            ranges=need.ranges,
         )
     except ValidationError as err:
         raise PlanError(f"template {template.label}: the need's values do not make a valid "

@@ -45,6 +45,7 @@ from schemas.events.v1 import (
     TaskEvent,
     TaskScheduled,
 )
+from schemas.ranges import Band, Ranges
 
 GOLDEN = Path(__file__).parent / "golden"
 T0 = datetime(2026, 11, 30, 8, 0, 0, tzinfo=UTC)
@@ -83,6 +84,9 @@ def envelope(n: int, source: str, subject: str) -> EnvelopeFields:
 def examples() -> dict[str, Envelope]:
     evidence = Evidence(metric="node_fault_count", value=1.0, range_low=0.0, range_high=0.0,
                         observed_at=T0, source_event_id=_uuid(1), detail="2 consecutive; xid:79")
+    # An operator's pool range, not the default: what the need was raised under travels on.
+    ranges = Ranges(pool=Band(low_enter=30.0, low_exit=35.0, high_enter=70.0, high_exit=65.0),
+                    node=Band())
     task = OpsTask(
         **envelope(6, "templater", str(TASK)), task_id=TASK, need_id=NEED, need_kind="offline",
         template="offline.v1", target="node-002", priority=1, mutex_keys=["node.node-002"],
@@ -94,6 +98,7 @@ def examples() -> dict[str, Envelope]:
                                                                 node_id="node-002"),
                     guard="node_has_jobs", timeout_s=300.0)],
         evidence=[evidence],
+        ranges=ranges,
     )
     payload = CommandPayload(command_id=CMD, node_id="node-002", seq=7, epoch=3, issued_at=T0,
                              expires_at=T0 + timedelta(seconds=60), task_id=TASK, step_index=0,
@@ -130,7 +135,7 @@ def examples() -> dict[str, Envelope]:
             state="down", previous="suspect", reason="no report for 31.0s", last_report_at=T0,
         ),
         "ops_need": OpsNeed(**envelope(4, "analyzer", "node-002"), kind="offline",
-                            target="node-002", evidence=[evidence]),
+                            target="node-002", evidence=[evidence], ranges=ranges),
         "ops_task": task,
         "task_scheduled": TaskScheduled(**envelope(7, "scheduler", str(TASK)), task=task, epoch=3),
         "command": Command(**envelope(8, "executor", "node-002"), kid="cw-AAAAAAAAAAAAAAAA",

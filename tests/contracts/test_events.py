@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from schemas.catalog import TOPIC_MODELS
-from schemas.events.v1 import EVENT_MODELS, CommandPayload, NodeReport
+from schemas.events.v1 import EVENT_MODELS, CommandPayload, NodeReport, OpsNeed, OpsTask
+from schemas.ranges import DEFAULT_RANGES, Ranges
 from services.shared.errors import PermanentError, describe_validation_error
 from services.shared.messaging import parse_event
 from tests.contracts.examples import GOLDEN, examples
@@ -30,6 +31,25 @@ def test_golden_fixture_parses_and_round_trips(name: str) -> None:
     assert event.event_type == name
     assert json.loads(event.model_dump_json()) == data
     assert event == examples()[name]
+
+
+@pytest.mark.parametrize("name", ["ops_need", "ops_task"])
+def test_a_message_from_before_ranges_parses_and_means_the_defaults(name: str) -> None:
+    # Producers older than the `ranges` field send none: still accepted, as "the defaults".
+    data = golden(name)
+    del data["ranges"]
+    event = EVENT_MODELS[name].model_validate_json(json.dumps(data))
+    assert isinstance(event, OpsNeed | OpsTask)
+    assert event.ranges is None
+    if isinstance(event, OpsTask):
+        assert event.ranges_in_force == DEFAULT_RANGES == Ranges()
+
+
+def test_ranges_on_the_wire_are_checked_like_the_analyzer_checks_them() -> None:
+    data = golden("ops_need")
+    data["ranges"]["pool"]["low_exit"] = 90.0  # an exit outside its entry: not a range
+    with pytest.raises(ValidationError, match="low_enter <= low_exit < high_exit"):
+        EVENT_MODELS["ops_need"].model_validate_json(json.dumps(data))
 
 
 def test_every_topic_has_a_model_and_every_model_a_golden() -> None:

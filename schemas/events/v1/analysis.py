@@ -13,6 +13,7 @@ from pydantic import AwareDatetime, Field
 from schemas.envelope import Envelope, Identifier, ShortText, Strict
 from schemas.events.v1.reports import Fault, GpuSource
 from schemas.events.v1.values import Count, NeedKind, NodeMode, Percent, Seq
+from schemas.ranges import Ranges
 
 NodeStateName = Literal["up", "suspect", "down", "draining", "offline"]
 NeedLevel = Literal["gpu", "node", "cluster"]
@@ -104,6 +105,10 @@ class OpsNeed(Envelope):
         default=None, description="For a fault: what it calls for (reset, reboot, replace)."
     )
     dry_run: bool = Field(default=False, description="Raised to be seen, not acted on.")
+    ranges: Ranges | None = Field(
+        default=None, description="The pool and node ranges the need was raised under; "
+        "None (an older analyzer): the defaults of `schemas.ranges`.",
+    )
 
 
 class PoolHealth(Envelope):

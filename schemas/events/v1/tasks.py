@@ -12,6 +12,7 @@ from schemas.envelope import Envelope, Identifier, Reason, ShortText, Strict
 from schemas.events.v1.actions import StepAction
 from schemas.events.v1.analysis import Evidence
 from schemas.events.v1.values import NeedKind, OutputValue, Priority, StepIndex
+from schemas.ranges import DEFAULT_RANGES, Ranges
 
 TaskState = Literal[
     "created", "queued", "dispatched", "running", "paused", "succeeded", "failed", "terminated"
@@ -64,6 +65,15 @@ class OpsTask(Envelope):
     dry_run: bool = False
     steps: list[Step] = Field(min_length=1, max_length=64)
     evidence: list[Evidence] = Field(default_factory=list, max_length=32)
+    ranges: Ranges | None = Field(
+        default=None, description="The ranges of the need, which the guards and plans check; "
+        "None (an older producer): the defaults of `schemas.ranges`.",
+    )
+
+    @property
+    def ranges_in_force(self) -> Ranges:
+        """The ranges the executor checks for this task: its need's, else the defaults."""
+        return self.ranges or DEFAULT_RANGES
 
     @property
     def kind(self) -> str:

@@ -33,7 +33,7 @@ from schemas.events.v1 import (
     now_utc,
     state_from_mode,
 )
-from services.analyzer.settings import AnalyzerSettings
+from schemas.ranges import Band, Ranges
 from services.capacity.local import LocalProvider
 from services.capacity.provider import NodeOffer, NoneProvider
 from services.capacity.settings import CapacitySettings
@@ -120,7 +120,8 @@ class FakeProvider:
 
 
 def task(*actions: StepAction, target: str = "default", guard: Guard | None = None,
-         dry_run: bool = False, need_kind: str = "scale_out") -> OpsTask:
+         dry_run: bool = False, need_kind: str = "scale_out",
+         ranges: Ranges | None = None) -> OpsTask:
     evidence = Evidence(metric="pool_effective_utilization_pct", value=85.0, range_low=20.0,
                         range_high=80.0, observed_at=T0)
     return OpsTask.model_validate({
@@ -130,14 +131,14 @@ def task(*actions: StepAction, target: str = "default", guard: Guard | None = No
         "mutex_keys": [f"pool.{CLUSTER}.default"], "dry_run": dry_run,
         "steps": [Step(index=i, name=f"s{i}", action=a, guard=guard)
                   for i, a in enumerate(actions)],
-        "evidence": [evidence],
+        "evidence": [evidence], "ranges": ranges,
     })
 
 
 def centre(cluster: Cluster, provider: Any, **settings: Any) -> Centre:
     capacity = CapacitySettings(**({"ready_timeout_s": 0.0} | settings))
     return Centre(ClusterView(cluster.redis, cluster.keys), provider, capacity,
-                  AnalyzerSettings(), clock=lambda: T0)
+                  clock=lambda: T0)
 
 
 @pytest.fixture
@@ -169,6 +170,19 @@ async def test_guards_are_checked_on_fresh_state(cluster: Cluster) -> None:
     await cluster.node("node-9", 10.0)
     empty = task(MigrateJobs(pool="default", node_id="node-9"), guard="node_has_jobs")
     assert (await plain.check_guard(empty, empty.steps[0]))[0] is False
+
+
+async def test_guards_check_the_ranges_the_task_carries(cluster: Cluster) -> None:
+    # The analyzer's operator set the pool range to 30-90 %: 85 % is not above it, whatever
+    # the executor's own environment says.
+    await five_at_85(cluster)
+    wide = Ranges(pool=Band(low_enter=30.0, low_exit=35.0, high_exit=85.0, high_enter=90.0))
+    above = task(AddCapacity(pool="default"), guard="pool_above_range", ranges=wide)
+    assert await centre(cluster, NoneProvider()).check_guard(above, above.steps[0]) == (
+        False, "pool default at 85.0% (5 nodes up) not above 90%")
+    below = task(RemoveCapacity(pool="default"), guard="pool_below_range", ranges=wide)
+    assert (await centre(cluster, NoneProvider()).check_guard(below, below.steps[0]))[1] == (
+        "pool default at 85.0% (5 nodes up) not below 30%")
 
 
 async def test_a_leaving_node_brings_its_jobs_into_the_pool_guard(cluster: Cluster) -> None:
@@ -271,6 +285,24 @@ async def test_a_rebalance_waits_for_one_child_per_job_built_deterministically(
     again = await run.run(parent, 1, command, False)
     assert isinstance(again, Waiting)
     assert again.children == result.children
+
+
+async def test_a_rebalance_plans_on_the_task_node_range_and_children_carry_it(
+    cluster: Cluster,
+) -> None:
+    # Under the default node range (20-80 %) `hot` at 85 % is out; under the need's 10-90 %
+    # nothing is, so nothing moves.
+    await cluster.node("hot", 85.0, jobs=3)
+    await cluster.node("idle", 15.0)
+    wide = Ranges(node=Band(low_enter=10.0, low_exit=15.0, high_exit=85.0, high_enter=90.0))
+    run = centre(cluster, NoneProvider())
+    kept = await run.run(task(MigrateJobs(pool="default"), ranges=wide), 0, uuid4(), False)
+    assert isinstance(kept, Completed)
+    assert kept.outputs["moved"] == 0
+    parent = task(MigrateJobs(pool="default"), ranges=Ranges())
+    moved = await run.run(parent, 0, uuid4(), False)
+    assert isinstance(moved, Waiting)
+    assert {child.ranges for child in moved.children} == {Ranges()}
 
 
 async def test_a_leaving_node_moves_every_job_or_waits_for_a_destination(
