@@ -62,6 +62,7 @@ from services.executor.planning import (
 )
 from services.executor.ports import CentreResult, Completed, Failed, Waiting
 from services.executor.settings import ExecutorSettings
+from services.shared.locks import job_lock, node_lock
 from services.shared.redis_client import Keys, text
 from services.shared.signing import ensure_keypair, key_id, load_private_key
 
@@ -267,7 +268,7 @@ class Centre:
         not make another's commands stale.
         """
         job, src, dst = move
-        mutex = [f"job.{job.job_id}", f"node.{dst}"]
+        mutex = [job_lock(job.job_id), node_lock(dst)]
         settings = self.settings
         task_id = child_task_id(parent, index, command_id, "migrate", job.job_id)
         steps = [
@@ -297,7 +298,7 @@ class Centre:
             Step(index=2, name="release", action=ReleaseNode(node_id=node),
                  timeout_s=settings.release_step_timeout_s),
         ]
-        return self._child(parent, task_id, "remove_node", node, pool, [f"node.{node}"], steps)
+        return self._child(parent, task_id, "remove_node", node, pool, [node_lock(node)], steps)
 
     def _child(self, parent: OpsTask, task_id: UUID, action_type: str, target: str,
                pool: str, mutex: list[str], steps: list[Step]) -> OpsTask:

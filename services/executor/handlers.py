@@ -67,9 +67,8 @@ from services.executor.ports import (
     Waiting,
 )
 from services.executor.settings import ExecutorSettings
-from services.scheduler.policy import lock_ttl_s
-from services.scheduler.queue import release_locks
 from services.shared.errors import INFRASTRUCTURE_ERRORS, TransientError
+from services.shared.locks import Locks, lock_ttl_s
 from services.shared.redis_client import Keys
 from services.shared.signing import CommandSigner
 
@@ -128,6 +127,7 @@ class Executor:
         self.bus = bus
         self.redis = redis
         self.keys = keys
+        self.locks = Locks(redis, keys)
         self.centre = centre
         # Process bookkeeping only (has this process run its startup recovery?); every
         # workflow fact is in Redis.
@@ -146,7 +146,7 @@ class Executor:
             wf = await self.journal.load(str(task.task_id))
             if wf is not None and wf.state in FINAL_STATES:
                 # Dispatched again after it ended: the locks the dispatch took are not its.
-                await release_locks(self.redis, self.keys, str(task.task_id), task.mutex_keys)
+                await self.locks.release(str(task.task_id), task.mutex_keys)
             return  # the running workflow goes on; its deadline sweep covers a lost command
         if outcome == "terminated" and pending is not None:
             await self._finalise(task, "terminated", "dispatched",
@@ -445,7 +445,7 @@ class Executor:
                         reason: str, *, cause: str = "", actor: str = SOURCE, run: int = 0,
                         step: int | None = None, event_key: str | None = None) -> None:
         """After the journal's final state: locks, the final event, the parent's count."""
-        await release_locks(self.redis, self.keys, str(task.task_id), task.mutex_keys)
+        await self.locks.release(str(task.task_id), task.mutex_keys)
         # need_kind and kind ride along so the scheduler's breaker can count the outcome;
         # cause lets it leave out what is not an adjustment failure (agent rejections).
         outputs: dict[str, Any] = {"need_kind": task.need_kind, "kind": task.kind}
@@ -661,7 +661,7 @@ class Executor:
             await self._refuse(control, wf, control_id, decision.reason)
             return True
         if self._needs_locks(control, wf, decision):
-            held = await self.journal.acquire_locks(
+            held = await self.locks.acquire(
                 wf.task_id, wf.task.mutex_keys,
                 lock_ttl_s(wf.task, self.settings.lock_margin_s))
             if held is not None:

@@ -260,17 +260,6 @@ redis.call('EXPIRE', KEYS[3], ARGV[6])
 return 'ok'
 """
 
-# Takes every lock of a task (SET PX under its id) unless another task holds one of them;
-# returns '' or the first lock held by someone else, and its owner.
-ACQUIRE_LOCKS = """
-for i = 1, #KEYS do
-  local owner = redis.call('GET', KEYS[i])
-  if owner and owner ~= ARGV[1] then return {KEYS[i], owner} end
-end
-for i = 1, #KEYS do redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2]) end
-return {}
-"""
-
 QUERY_MARK = "query:"
 CANCEL_MARK = "cancel:"
 
@@ -363,7 +352,6 @@ class Journal:
         self._child_done = redis.register_script(CHILD_DONE)
         self._transition = redis.register_script(TRANSITION)
         self._pending = redis.register_script(PENDING_CONTROL)
-        self._acquire = redis.register_script(ACQUIRE_LOCKS)
 
     def controls_seen(self, task_id: str) -> str:
         """SET of the operator controls already applied to a task (private to the executor):
@@ -575,15 +563,3 @@ class Journal:
             pipe.sadd(self.controls_seen(task_id), control_id)
             pipe.expire(self.controls_seen(task_id), FINAL_TTL_S)
             await pipe.execute()
-
-    async def acquire_locks(self, task_id: str, mutex_keys: list[str],
-                            ttl_s: float) -> tuple[str, str] | None:
-        """Take the task's locks again; None, or (lock, owner) of one held by another task."""
-        reply = await self._acquire(
-            keys=[self.keys.lock(key) for key in mutex_keys],
-            args=[task_id, int(ttl_s * 1000)],
-        )
-        if not reply:
-            return None
-        lock, owner = (_decode(v) for v in reply)
-        return lock.removeprefix(self.keys.lock("")), owner

@@ -20,6 +20,7 @@ from schemas.events.v1 import OpsTask
 from services.scheduler import breaker
 from services.scheduler.breaker import BreakerConfig, BreakerState, Decision, Outcome
 from services.shared.audit import AuditLog, AuditRecord, Role, VersionedWrite
+from services.shared.locks import Locks
 from services.shared.redis_client import Keys, text
 
 log = logging.getLogger("clusterwarden.scheduler.breaker")
@@ -40,15 +41,6 @@ local current = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
 if current ~= tonumber(ARGV[1]) then return 0 end
 if dedupe then redis.call('SET', KEYS[2], '1', 'PX', ARGV[3]) end
 redis.call('HSET', KEYS[1], 'version', current + 1, unpack(ARGV, 4))
-return 1
-"""
-
-# Puts a claimed task back: its locks go at once (other tasks may need them this tick), its
-# place in the ready queue comes back later (see `requeue`).
-RELEASE = """
-for i = 1, #KEYS do
-  if redis.call('GET', KEYS[i]) == ARGV[1] then redis.call('DEL', KEYS[i]) end
-end
 return 1
 """
 
@@ -124,7 +116,7 @@ class BreakerStore:
         self._config_for_kind = config_for
         self.clock = clock
         self._cas = redis.register_script(CAS)
-        self._release = redis.register_script(RELEASE)
+        self._locks = Locks(redis, keys)
         self._requeue = redis.register_script(REQUEUE)
 
     def config_for(self, name: str) -> BreakerConfig:
@@ -273,8 +265,7 @@ class BreakerStore:
 
     async def release_claim(self, task: OpsTask) -> None:
         """Free the locks a claimed task took, keeping it leased (out of the ready queue)."""
-        await self._release(keys=[self.keys.lock(k) for k in task.mutex_keys],
-                            args=[str(task.task_id)])
+        await self._locks.release_all(str(task.task_id), task.mutex_keys)
 
     async def requeue(self, task_id: str) -> bool:
         """Return a leased task to the ready queue with its score."""

@@ -34,6 +34,7 @@ from services.scheduler.rate_limit import RateLimiter
 from services.scheduler.safety import Verdict
 from services.scheduler.safety_store import SafetyStore
 from services.scheduler.settings import SchedulerSettings
+from services.shared.locks import lock_ttl_s
 from services.shared.messaging import EventBus
 
 log = logging.getLogger("clusterwarden.scheduler")
@@ -118,7 +119,7 @@ class Scheduler:
         # Indexed before queueing, so the task's outcome can always be tied to its breaker.
         await self.breakers.remember_task(task)
         new = await self.queue.enqueue(
-            task, policy.queue_score(task), policy.lock_ttl_s(task, self.settings.lock_margin_s)
+            task, policy.queue_score(task), lock_ttl_s(task, self.settings.lock_margin_s)
         )
         # Published even for a redelivered task: its id is fixed, so consumers dedupe it, and a
         # crash between the enqueue and this publish cannot lose the transition.
@@ -248,7 +249,7 @@ class Scheduler:
         capacity = safety.budget_capacity(
             health, self.settings.offline_budget_fraction,
             target_not_ready=target_state in safety.NOT_READY_STATES)
-        lapses_at_s = now_ms / 1000 + policy.lock_ttl_s(task, self.settings.lock_margin_s)
+        lapses_at_s = now_ms / 1000 + lock_ttl_s(task, self.settings.lock_margin_s)
         try:
             admission = await self.safety.admit_in_flight(task, capacity, lapses_at_s,
                                                           now.timestamp())

@@ -11,8 +11,3 @@ PRIORITY_WEIGHT = 10**13
 def queue_score(task: OpsTask) -> int:
     """The sorted-set score of a task: lower is served first."""
     return task.priority * PRIORITY_WEIGHT + int(task.occurred_at.timestamp() * 1000)
-
-
-def lock_ttl_s(task: OpsTask, margin_s: float) -> float:
-    """How long a task's locks live if nobody releases them: its worst-case run plus a margin."""
-    return sum(step.timeout_s * step.max_attempts for step in task.steps) + margin_s

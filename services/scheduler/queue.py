@@ -56,12 +56,6 @@ end
 return #ids
 """
 
-RELEASE_LOCK = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
-
 @dataclass(frozen=True)
 class Claimed:
     """A task taken from the queue under a lease, its locks held."""
@@ -129,10 +123,3 @@ class TaskQueue:
 
     async def depth(self) -> int:
         return int(await self.redis.zcard(self.keys.queue_ready()))
-
-
-async def release_locks(redis: Redis, keys: Keys, task_id: str, mutex_keys: list[str]) -> None:
-    """Release the locks a task holds (only those it still owns)."""
-    script = redis.register_script(RELEASE_LOCK)
-    for key in mutex_keys:
-        await script(keys=[keys.lock(key)], args=[task_id])

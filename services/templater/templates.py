@@ -42,7 +42,7 @@ from schemas.events.v1 import (
     StepAction,
     StepActionName,
 )
-from services.templater.locks import Exclusion, execution_key, slot_of
+from services.shared.locks import Exclusion, execution_key, slot_of
 from services.templater.placeholders import (
     NEED_FIELDS,
     ArgValue,

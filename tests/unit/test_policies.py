@@ -19,6 +19,7 @@ from services.collector import policy as collector
 from services.scheduler import policy as scheduler
 from services.shared.deadletter import classify
 from services.shared.errors import PermanentError, TransientError
+from services.shared.locks import lock_ttl_s
 from services.templater.templates import TemplateError, load_template, load_templates, plan
 from tests.contracts.examples import example
 
@@ -137,7 +138,7 @@ def test_queue_score_orders_by_priority_then_age() -> None:
 def test_lock_ttl_covers_the_worst_case_run() -> None:
     task = example("ops_task", OpsTask)
     # Three 60 s agent steps and a 300 s migration, three attempts each, plus the margin.
-    assert scheduler.lock_ttl_s(task, 600.0) == (3 * 60.0 + 300.0) * 3 + 600.0
+    assert lock_ttl_s(task, 600.0) == (3 * 60.0 + 300.0) * 3 + 600.0
 
 
 @pytest.mark.parametrize(

@@ -221,17 +221,6 @@ async def test_children_are_counted_until_the_last_one_finishes(journal: Journal
     assert last.failed == 1
 
 
-async def test_locks_are_taken_again_unless_another_task_holds_one(journal: Journal,
-                                                                   redis: Redis,
-                                                                   keys: Keys) -> None:
-    mine, other = str(uuid4()), str(uuid4())
-    assert await journal.acquire_locks(mine, ["node.n1", "job.j1"], 60) is None
-    assert await redis.get(keys.lock("node.n1")) == mine.encode()
-    assert await journal.acquire_locks(mine, ["node.n1"], 60) is None  # refresh, still mine
-    assert await journal.acquire_locks(other, ["job.j2", "node.n1"], 60) == ("node.n1", mine)
-    assert await redis.get(keys.lock("job.j2")) is None  # all or nothing
-
-
 async def test_an_old_workflow_without_the_new_fields_is_still_read(journal: Journal,
                                                                     redis: Redis,
                                                                     keys: Keys) -> None:

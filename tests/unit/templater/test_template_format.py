@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from schemas.events.v1 import NeedKind, OpsNeed
-from services.templater.locks import slot_of
+from services.shared.locks import slot_of
 from services.templater.templates import (
     PlanError,
     Template,
@@ -287,7 +287,7 @@ SLOT_TARGETS = [f"node-{i:03}" for i in range(40)] + ["gpu-a100-x", "ñode-ü", 
 SLOT_COUNTS = [1, 2, 3, 4, 7, 16]
 SLOTS_SCRIPT = (
     "import json, sys\n"
-    "from services.templater.locks import slot_of\n"
+    "from services.shared.locks import slot_of\n"
     "targets, counts = json.loads(sys.argv[1])\n"
     "print(json.dumps([[slot_of(t, n) for n in counts] for t in targets]))\n"
 )
