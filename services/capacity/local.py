@@ -21,7 +21,7 @@ from redis.asyncio import Redis
 
 from agent import fleet
 from services.capacity.provider import NodeOffer, ProviderContext
-from services.collector.store import NodeStore
+from services.shared.nodes import NodeRecords
 from services.shared.redis_client import Keys, text
 
 log = logging.getLogger("clusterwarden.capacity.local")
@@ -92,7 +92,7 @@ class LocalProvider:
         self._start = start
         self._stop = stop
         self._claim = redis.register_script(CLAIM)
-        self.nodes = NodeStore(redis, keys)
+        self.nodes = NodeRecords(redis, keys)
 
     @classmethod
     def from_context(cls, context: ProviderContext) -> LocalProvider:

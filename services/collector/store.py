@@ -9,6 +9,7 @@ from typing import cast
 from redis.asyncio import Redis
 
 from schemas.events.v1 import NodeReport, NodeStateName
+from services.shared.nodes import NodeRecords
 from services.shared.redis_client import Keys, members, text
 
 # Applies a batch of reports in one atomic call (one script call per batch, not per report,
@@ -132,31 +133,6 @@ end
 return state
 """
 
-# Forgets a node that left the cluster for good (a standby node the capacity provider
-# released): its state leaves the pool's aggregate and member index, its schedules and its
-# history go, so a node that no longer exists is not counted as down for ever. KEYS: node
-# hash, heartbeat schedule, probe schedule, history; ARGV: key prefix, cluster, node id.
-# Answers the state the node had ('' if none was known).
-FORGET_NODE = """
-redis.call('ZREM', KEYS[2], ARGV[3])
-redis.call('ZREM', KEYS[3], ARGV[3])
-redis.call('DEL', KEYS[4])
-local f = redis.call('HMGET', KEYS[1], 'state', 'pool', 'gpu_util')
-if not f[1] then
-  redis.call('DEL', KEYS[1])
-  return ''
-end
-local agg = ARGV[1] .. 'pool:' .. ARGV[2] .. ':' .. f[2]
-redis.call('HINCRBY', agg, 'n_' .. f[1], -1)
-if f[1] == 'up' then
-  redis.call('HINCRBYFLOAT', agg, 'util_sum', -tonumber(f[3]))
-  redis.call('HINCRBY', agg, 'util_n', -1)
-  redis.call('ZREM', ARGV[1] .. 'pool-nodes:' .. ARGV[2] .. ':' .. f[2], ARGV[3])
-end
-redis.call('DEL', KEYS[1])
-return f[1]
-"""
-
 # A node's jobs as the node hash keeps them: "job_id:kind:state" joined by commas (job ids
 # are identifiers, so neither separator can occur in one). Bounded, so a node reporting a
 # thousand jobs does not grow every report's write; `job_count` keeps the true number.
@@ -200,7 +176,7 @@ class NodeStore:
         self.history_minutes = history_minutes
         self._apply = redis.register_script(APPLY_REPORTS)
         self._mark = redis.register_script(MARK_SILENT)
-        self._forget = redis.register_script(FORGET_NODE)
+        self._records = NodeRecords(redis, keys)
 
     async def apply_reports(
         self, reports: list[tuple[NodeReport, NodeStateName, float]], suspect_after: float
@@ -277,12 +253,7 @@ class NodeStore:
 
     async def forget(self, cluster: str, node: str) -> NodeStateName | None:
         """Drop a node that left the cluster for good; returns the state it had, if any."""
-        state = text(await self._forget(
-            keys=[self.keys.node(cluster, node), self.keys.heartbeat_due(cluster),
-                  self.keys.probe_due(cluster), self.keys.history(cluster, node)],
-            args=[self.keys.prefix, cluster, node],
-        ))
-        return cast(NodeStateName, state) if state else None
+        return await self._records.forget(cluster, node)
 
     async def try_lock_sweep(self, name: str, ttl_s: float) -> bool:
         """One sweep per tick across every collector instance."""
