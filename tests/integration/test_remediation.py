@@ -76,6 +76,9 @@ async def test_a_gpu_fault_moves_the_training_job_to_another_node_with_its_progr
         AGENT_JOBS="train", AGENT_CHECKPOINT_EVERY_S="2",
         # Only the fault need: the loads held below must not raise scale or balance needs.
         ANALYZER_ENABLED_NEEDS='["offline"]',
+        # An operator's low pool range (not the default 20/25 %), off this test's path: the
+        # analyzer's ranges must travel on the need to the task and the executor's children.
+        ANALYZER_SCALE__LOW_ENTER="15", ANALYZER_SCALE__LOW_EXIT="18",
         CAPACITY_PROVIDER="local", CAPACITY_LOCAL_STANDBY="standby-1:2",
         SCHEDULER_SHORT_CIRCUIT_UNHEALTHY_FRACTION="0.5",
     )
@@ -107,6 +110,8 @@ async def test_a_gpu_fault_moves_the_training_job_to_another_node_with_its_progr
                 assert [s.action.action for s in plan.steps] == [
                     "drain_node", "offline_node", "add_capacity", "migrate_jobs",
                     "add_capacity"]
+                assert plan.ranges is not None
+                assert (plan.ranges.pool.low_enter, plan.ranges.pool.low_exit) == (15.0, 18.0)
 
                 # The pool was above its range without node-002: the standby node was added,
                 # and the step recorded what it started from and what it aimed at.
@@ -133,6 +138,7 @@ async def test_a_gpu_fault_moves_the_training_job_to_another_node_with_its_progr
                 assert into["resumed_step"] == saved
                 child_plan = next(e.task for e in children if e.task is not None)
                 destination = getattr(child_plan.steps[1].action, "node_id", "")
+                assert child_plan.ranges == plan.ranges
                 assert destination != "node-002"
 
                 # It runs there, and its step counter continues from the checkpoint.
