@@ -258,7 +258,9 @@ async def test_traffic_moves_away_from_a_flaky_model_and_success_recovers(
         # depends on the first few answers: the fault goes to the busiest arm, so that there
         # is traffic to move away. (Its share is then at least 1/9 by construction, so that
         # is not what the baseline is checked for below.)
-        bad_arm = Counter(s.arm for s in baseline).most_common(1)[0][0]
+        # (Busiest of the last RECENT attempts: the arm the selector favours now, not one it
+        # favoured early and may have left since, which would get no traffic to fail.)
+        bad_arm = Counter(s.arm for s in baseline[-RECENT:]).most_common(1)[0][0]
         bad_node, bad_model, bad_version = bad_arm
         assert bad_node is not None
         assert bad_model is not None
@@ -274,8 +276,9 @@ async def test_traffic_moves_away_from_a_flaky_model_and_success_recovers(
 
         # The agent applies the fault plan at its next report: wait until it bites.
         await load.until(lambda: any(is_bad(s) and s.outcome.outcome == "failed"
-                                     for s in load.seen[fault_index:]), 60,
-                         "a failed attempt of the faulted arm")
+                                     for s in load.seen[fault_index:]), 120,
+                         lambda: ("a failed attempt of the faulted arm (since the fault: "
+                                  f"{describe(load.seen[fault_index:], is_bad, 'flaky')})"))
         noticed = len(load.seen)
 
         def recent() -> list[Seen]:
