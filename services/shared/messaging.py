@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_type_hints
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -28,6 +29,7 @@ from faststream.message import StreamMessage
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from schemas.catalog import TOPIC_MODELS
 from schemas.envelope import Envelope
 from schemas.topics import PARTITIONS, Topic, dead_letter_name, topic_name
 from services.shared.deadletter import DeadLetterPolicy
@@ -288,3 +290,46 @@ async def raw_bodies(msg: StreamMessage[Any]) -> Any:
     """A batch subscriber's decoder that leaves the bytes alone, so each record of the batch
     is validated (and dead-lettered) on its own instead of failing the whole batch."""
     return msg.body
+
+
+def subscribe(
+    broker: KafkaBroker,
+    settings: ServiceSettings,
+    topic: Topic,
+    group: str,
+    handler: Callable[..., Awaitable[None]],
+    *,
+    limit: int | None = None,
+    batch_records: int | None = None,
+) -> None:
+    """Subscribe `handler` to `topic` in the service's consumer group `group` (namespaced).
+
+    Every message is validated strictly as the topic's model in the catalogue
+    (`schemas.catalog.TOPIC_MODELS`), at most `limit` bytes (default: the settings' limit),
+    and the handler's first parameter must be annotated with that model: a handler wired to
+    the wrong topic fails here, at wiring time. With `batch_records`, the handler takes up to
+    that many raw bodies at once (`list[bytes]`) and validates each record itself, so one bad
+    record is dead-lettered alone. The handler is subscribed as it is, so its name and
+    docstring still name the channel in the AsyncAPI document.
+    """
+    name = topic_name(topic, settings.namespace)
+    options = consumer_options(group_name(settings, group))
+    if batch_records is not None:
+        _check_payload(handler, topic, list[bytes])
+        broker.subscriber(name, batch=True, max_records=batch_records, decoder=raw_bodies,
+                          **options)(handler)
+        return
+    model = TOPIC_MODELS[topic]
+    _check_payload(handler, topic, model)
+    size = settings.max_message_bytes if limit is None else limit
+    broker.subscriber(name, decoder=strict_decoder(model, size), **options)(handler)
+
+
+def _check_payload(handler: Callable[..., Awaitable[None]], topic: Topic, payload: object) -> None:
+    """Raise TypeError unless the handler's first parameter is annotated `payload`."""
+    first = next(iter(inspect.signature(handler).parameters), None)
+    declared = get_type_hints(handler).get(first) if first is not None else None
+    if declared != payload:
+        what = payload.__name__ if isinstance(payload, type) else str(payload)
+        raise TypeError(f"{getattr(handler, '__qualname__', handler)!r} must take {what} "
+                        f"first: {topic.value} carries it (it takes {declared!r})")
