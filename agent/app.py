@@ -12,7 +12,6 @@ from typing import Literal
 
 from faststream import FastStream
 from faststream.kafka import KafkaBroker
-from faststream.kafka.subscriber.usecase import DefaultSubscriber
 from opentelemetry.trace import SpanKind, Tracer
 
 from agent.actions import JobActions
@@ -30,16 +29,9 @@ from agent.report import Reporter
 from agent.settings import AgentSettings
 from agent.store import CheckpointStore
 from schemas.events.v1 import Command, CommandResult, now_utc
-from schemas.topics import Topic, topic_name
+from schemas.topics import Topic
 from services.shared.errors import InfrastructureUnavailable
-from services.shared.messaging import (
-    EventBus,
-    consumer_options,
-    ensure_topics,
-    group_name,
-    make_broker,
-    strict_decoder,
-)
+from services.shared.messaging import EventBus, ensure_topics, make_broker, subscribe
 from services.shared.signing import CommandVerifier, verifier_from_files
 from services.shared.telemetry import setup_telemetry, shutdown_telemetry
 
@@ -376,17 +368,11 @@ def create_agent(settings: AgentSettings | None = None) -> Agent:
     agent = Agent(settings, broker, EventBus(broker, settings.namespace),
                   telemetry.tracer("clusterwarden.agent"))
 
-    # Annotated because the ** options hide which overload of `subscriber` applies.
-    commands: DefaultSubscriber = broker.subscriber(
-        topic_name(Topic.NODE_COMMANDS, settings.namespace),
-        **consumer_options(group_name(settings, service)),
-        decoder=strict_decoder(Command, COMMAND_LIMIT_BYTES),
-    )
-
-    @commands
     async def on_command(command: Command) -> None:
         await agent.on_command(command)
 
+    subscribe(broker, settings, Topic.NODE_COMMANDS, service, on_command,
+              limit=COMMAND_LIMIT_BYTES)
     return agent
 
 

@@ -4,19 +4,12 @@ from __future__ import annotations
 
 from faststream import FastStream
 
-from schemas.events.v1 import NodeState, SampleBatch
-from schemas.topics import Topic, topic_name
+from schemas.topics import Topic
 from services.analyzer.handlers import Analyzer
 from services.analyzer.needs import enabled
 from services.analyzer.settings import AnalyzerSettings
 from services.analyzer.store import AnalyzerStore, PoolStore
-from services.shared.messaging import (
-    EventBus,
-    consumer_options,
-    group_name,
-    make_broker,
-    strict_decoder,
-)
+from services.shared.messaging import EventBus, make_broker, subscribe
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import build_app
 from services.shared.telemetry import setup_telemetry
@@ -36,19 +29,12 @@ def create_app(settings: AnalyzerSettings | None = None) -> FastStream:
         EventBus(broker, settings.namespace),
         keys,
     )
-    limit = settings.max_message_bytes
     # One consumer group per topic, so a rebalance on one topic never pauses the other.
-    broker.subscriber(
-        topic_name(Topic.OPS_SAMPLES, settings.namespace),
-        # A batch of up to 2,000 samples is larger than one event.
-        decoder=strict_decoder(SampleBatch, 2 * 1024 * 1024),
-        **consumer_options(group_name(settings, "analyzer-samples")),
-    )(analyzer.on_samples)
-    broker.subscriber(
-        topic_name(Topic.OPS_NODE_STATE, settings.namespace),
-        decoder=strict_decoder(NodeState, limit),
-        **consumer_options(group_name(settings, "analyzer-node-state")),
-    )(analyzer.on_node_state)
+    # A batch of up to 2,000 samples is larger than one event.
+    subscribe(broker, settings, Topic.OPS_SAMPLES, "analyzer-samples", analyzer.on_samples,
+              limit=2 * 1024 * 1024)
+    subscribe(broker, settings, Topic.OPS_NODE_STATE, "analyzer-node-state",
+              analyzer.on_node_state)
     return build_app(
         broker, settings,
         loops=[("pool-analysis", settings.pool_period_s, analyzer.analyze_pools)],

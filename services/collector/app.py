@@ -4,20 +4,11 @@ from __future__ import annotations
 
 from faststream import FastStream
 
-from schemas.events.v1 import CommandResult
-from schemas.topics import Topic, topic_name
+from schemas.topics import Topic
 from services.collector.handlers import Collector, Prober
 from services.collector.settings import CollectorSettings
 from services.collector.store import NodeStore, ProbeStore
-from services.shared.messaging import (
-    BulkPublisher,
-    EventBus,
-    consumer_options,
-    group_name,
-    make_broker,
-    raw_bodies,
-    strict_decoder,
-)
+from services.shared.messaging import BulkPublisher, EventBus, make_broker, subscribe
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import build_app
 from services.shared.signing import local_signer
@@ -49,18 +40,9 @@ def create_app(settings: CollectorSettings | None = None) -> FastStream:
         probes,
         prober,
     )
-    broker.subscriber(
-        topic_name(Topic.NODE_REPORTS, settings.namespace),
-        batch=True,
-        max_records=settings.batch_max_records,
-        decoder=raw_bodies,
-        **consumer_options(group_name(settings, "collector")),
-    )(collector.on_reports)
-    broker.subscriber(
-        topic_name(Topic.NODE_COMMAND_RESULTS, settings.namespace),
-        decoder=strict_decoder(CommandResult, settings.max_message_bytes),
-        **consumer_options(group_name(settings, "collector-probes")),
-    )(prober.on_result)
+    subscribe(broker, settings, Topic.NODE_REPORTS, "collector", collector.on_reports,
+              batch_records=settings.batch_max_records)
+    subscribe(broker, settings, Topic.NODE_COMMAND_RESULTS, "collector-probes", prober.on_result)
     return build_app(
         broker,
         settings,

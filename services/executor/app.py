@@ -4,18 +4,11 @@ from __future__ import annotations
 
 from faststream import FastStream
 
-from schemas.events.v1 import CommandResult, TaskControl, TaskScheduled
-from schemas.topics import Topic, topic_name
+from schemas.topics import Topic
 from services.executor.handlers import Executor
 from services.executor.journal import Journal
 from services.executor.settings import ExecutorSettings
-from services.shared.messaging import (
-    EventBus,
-    consumer_options,
-    group_name,
-    make_broker,
-    strict_decoder,
-)
+from services.shared.messaging import EventBus, make_broker, subscribe
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import build_app
 from services.shared.signing import local_signer
@@ -36,22 +29,10 @@ def create_app(settings: ExecutorSettings | None = None) -> FastStream:
     executor = Executor(settings, Journal(redis, keys), signer,
                         EventBus(broker, settings.namespace), redis, keys,
                         build_centre(settings, redis, keys))
-    limit = settings.max_message_bytes
-    broker.subscriber(
-        topic_name(Topic.OPS_TASKS_SCHEDULED, settings.namespace),
-        decoder=strict_decoder(TaskScheduled, limit),
-        **consumer_options(group_name(settings, "executor-tasks")),
-    )(executor.on_scheduled)
-    broker.subscriber(
-        topic_name(Topic.NODE_COMMAND_RESULTS, settings.namespace),
-        decoder=strict_decoder(CommandResult, limit),
-        **consumer_options(group_name(settings, "executor-results")),
-    )(executor.on_result)
-    broker.subscriber(
-        topic_name(Topic.OPS_TASK_CONTROL, settings.namespace),
-        decoder=strict_decoder(TaskControl, limit),
-        **consumer_options(group_name(settings, "executor-control")),
-    )(executor.on_control)
+    subscribe(broker, settings, Topic.OPS_TASKS_SCHEDULED, "executor-tasks",
+              executor.on_scheduled)
+    subscribe(broker, settings, Topic.NODE_COMMAND_RESULTS, "executor-results", executor.on_result)
+    subscribe(broker, settings, Topic.OPS_TASK_CONTROL, "executor-control", executor.on_control)
     # Startup recovery (status queries for commands left unanswered) runs in the first
     # sweep, not as a starter: starters run before the broker can publish.
     return build_app(

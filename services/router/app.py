@@ -10,20 +10,12 @@ from __future__ import annotations
 
 from faststream import FastStream
 
-from schemas.events.v1 import CommandResult, MlTaskSubmitted
-from schemas.topics import Topic, topic_name
+from schemas.topics import Topic
 from services.router.handlers import ReportFeed, Router
 from services.router.registry import Registry
 from services.router.settings import RouterSettings
 from services.router.stats_store import StatsStore
-from services.shared.messaging import (
-    EventBus,
-    consumer_options,
-    group_name,
-    make_broker,
-    raw_bodies,
-    strict_decoder,
-)
+from services.shared.messaging import EventBus, make_broker, subscribe
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import build_app
 from services.shared.signing import local_signer
@@ -46,23 +38,10 @@ def create_app(settings: RouterSettings | None = None) -> FastStream:
     )
     limit = settings.max_message_bytes
     feed = ReportFeed(router.registry, dead_letters, limit)
-    broker.subscriber(
-        topic_name(Topic.ML_TASKS_SUBMITTED, settings.namespace),
-        decoder=strict_decoder(MlTaskSubmitted, limit),
-        **consumer_options(group_name(settings, "router")),
-    )(router.on_submitted)
-    broker.subscriber(
-        topic_name(Topic.NODE_COMMAND_RESULTS, settings.namespace),
-        decoder=strict_decoder(CommandResult, limit),
-        **consumer_options(group_name(settings, "router-results")),
-    )(router.on_result)
-    broker.subscriber(
-        topic_name(Topic.NODE_REPORTS, settings.namespace),
-        batch=True,
-        max_records=settings.batch_max_records,
-        decoder=raw_bodies,
-        **consumer_options(group_name(settings, "router-registry")),
-    )(feed.on_reports)
+    subscribe(broker, settings, Topic.ML_TASKS_SUBMITTED, "router", router.on_submitted)
+    subscribe(broker, settings, Topic.NODE_COMMAND_RESULTS, "router-results", router.on_result)
+    subscribe(broker, settings, Topic.NODE_REPORTS, "router-registry", feed.on_reports,
+              batch_records=settings.batch_max_records)
     return build_app(
         broker, settings,
         loops=[("ml-sweep", settings.sweep_interval_s, router.sweep)],

@@ -4,21 +4,14 @@ from __future__ import annotations
 
 from faststream import FastStream
 
-from schemas.events.v1 import OpsTask, PoolHealth, TaskEvent
-from schemas.topics import Topic, topic_name
+from schemas.topics import Topic
 from services.scheduler.breaker_store import BreakerStore
 from services.scheduler.handlers import Scheduler
 from services.scheduler.queue import TaskQueue
 from services.scheduler.rate_limit import RateLimiter
 from services.scheduler.safety_store import SafetyStore
 from services.scheduler.settings import SchedulerSettings
-from services.shared.messaging import (
-    EventBus,
-    consumer_options,
-    group_name,
-    make_broker,
-    strict_decoder,
-)
+from services.shared.messaging import EventBus, make_broker, subscribe
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import build_app
 from services.shared.telemetry import setup_telemetry
@@ -34,21 +27,11 @@ def create_app(settings: SchedulerSettings | None = None) -> FastStream:
                           BreakerStore(redis, keys, settings.breaker_config),
                           SafetyStore(redis, keys, settings.pool_health_ttl_s),
                           RateLimiter(redis, keys, settings.rate_per_s, settings.rate_burst))
-    broker.subscriber(
-        topic_name(Topic.OPS_TASKS, settings.namespace),
-        decoder=strict_decoder(OpsTask, settings.max_message_bytes),
-        **consumer_options(group_name(settings, "scheduler")),
-    )(scheduler.on_task)
-    broker.subscriber(
-        topic_name(Topic.OPS_TASK_EVENTS, settings.namespace),
-        decoder=strict_decoder(TaskEvent, settings.max_message_bytes),
-        **consumer_options(group_name(settings, "scheduler-outcomes")),
-    )(scheduler.on_task_event)
-    broker.subscriber(
-        topic_name(Topic.OPS_POOL_HEALTH, settings.namespace),
-        decoder=strict_decoder(PoolHealth, settings.max_message_bytes),
-        **consumer_options(group_name(settings, "scheduler-pool-health")),
-    )(scheduler.on_pool_health)
+    subscribe(broker, settings, Topic.OPS_TASKS, "scheduler", scheduler.on_task)
+    subscribe(broker, settings, Topic.OPS_TASK_EVENTS, "scheduler-outcomes",
+              scheduler.on_task_event)
+    subscribe(broker, settings, Topic.OPS_POOL_HEALTH, "scheduler-pool-health",
+              scheduler.on_pool_health)
     return build_app(
         broker, settings,
         loops=[("dispatcher", settings.dispatch_interval_s, scheduler.dispatch)],

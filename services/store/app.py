@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from faststream import FastStream
 
-from schemas.events.v1 import MlTaskOutcome, MlTaskSubmitted, ModelSelected, TaskEvent
-from schemas.topics import Topic, topic_name
-from services.shared.messaging import consumer_options, group_name, make_broker, strict_decoder
+from schemas.topics import Topic
+from services.shared.messaging import make_broker, subscribe
 from services.shared.runtime import build_app
 from services.shared.telemetry import setup_telemetry
 from services.store.db import migrate, open_store
@@ -26,28 +25,12 @@ def create_app(settings: StoreSettings | None = None) -> FastStream:
     broker, _ = make_broker(settings, "store", telemetry)
     store = open_store(settings.database_url)
     recorder = Recorder(store)
-    broker.subscriber(
-        topic_name(Topic.OPS_TASK_EVENTS, settings.namespace),
-        decoder=strict_decoder(TaskEvent, settings.max_message_bytes),
-        **consumer_options(group_name(settings, "store")),
-    )(recorder.on_task_event)
+    subscribe(broker, settings, Topic.OPS_TASK_EVENTS, "store", recorder.on_task_event)
     ml = MlRecorder(store)
     # One group per topic: a backlog of decisions never holds back the outcomes.
-    broker.subscriber(
-        topic_name(Topic.ML_TASKS_SUBMITTED, settings.namespace),
-        decoder=strict_decoder(MlTaskSubmitted, settings.max_message_bytes),
-        **consumer_options(group_name(settings, "store-ml-submitted")),
-    )(ml.on_submitted)
-    broker.subscriber(
-        topic_name(Topic.ML_DECISIONS, settings.namespace),
-        decoder=strict_decoder(ModelSelected, settings.max_message_bytes),
-        **consumer_options(group_name(settings, "store-ml-decisions")),
-    )(ml.on_selected)
-    broker.subscriber(
-        topic_name(Topic.ML_TASKS_OUTCOMES, settings.namespace),
-        decoder=strict_decoder(MlTaskOutcome, settings.max_message_bytes),
-        **consumer_options(group_name(settings, "store-ml-outcomes")),
-    )(ml.on_outcome)
+    subscribe(broker, settings, Topic.ML_TASKS_SUBMITTED, "store-ml-submitted", ml.on_submitted)
+    subscribe(broker, settings, Topic.ML_DECISIONS, "store-ml-decisions", ml.on_selected)
+    subscribe(broker, settings, Topic.ML_TASKS_OUTCOMES, "store-ml-outcomes", ml.on_outcome)
 
     async def migrate_schema() -> None:
         await migrate(settings.database_url)

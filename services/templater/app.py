@@ -6,15 +6,8 @@ from pathlib import Path
 
 from faststream import FastStream
 
-from schemas.events.v1 import OpsNeed
-from schemas.topics import Topic, topic_name
-from services.shared.messaging import (
-    EventBus,
-    consumer_options,
-    group_name,
-    make_broker,
-    strict_decoder,
-)
+from schemas.topics import Topic
+from services.shared.messaging import EventBus, make_broker, subscribe
 from services.shared.runtime import build_app
 from services.shared.telemetry import setup_telemetry
 from services.templater.handlers import Templater
@@ -30,9 +23,5 @@ def create_app(settings: TemplaterSettings | None = None) -> FastStream:
     templates = load_templates(Path(settings.template_dir) if settings.template_dir
                                else TEMPLATE_DIR)
     templater = Templater(templates, EventBus(broker, settings.namespace), settings.dry_run)
-    broker.subscriber(
-        topic_name(Topic.OPS_NEEDS, settings.namespace),
-        decoder=strict_decoder(OpsNeed, settings.max_message_bytes),
-        **consumer_options(group_name(settings, "templater")),
-    )(templater.on_need)
+    subscribe(broker, settings, Topic.OPS_NEEDS, "templater", templater.on_need)
     return build_app(broker, settings)
