@@ -1,0 +1,189 @@
+"""Every service's subscriptions, on FastStream's in-memory broker (no Kafka, Redis or SQL).
+
+For each app: the topics and consumer groups it subscribes (a renamed group would start
+again from the earliest offset); a valid event reaches the right handler, parsed as its
+topic's model; an invalid or oversize one goes to the topic's dead-letter topic with the
+reason, and reaches no handler. The services' behaviour over the real broker is in
+tests/integration/.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from faststream import FastStream
+from faststream.kafka import KafkaBroker
+
+from agent import app as agent_app
+from agent.app import Agent
+from agent.settings import AgentSettings
+from schemas.catalog import TOPIC_MODELS
+from schemas.topics import Topic
+from services.analyzer import app as analyzer_app
+from services.analyzer.handlers import Analyzer
+from services.analyzer.settings import AnalyzerSettings
+from services.collector import app as collector_app
+from services.collector.handlers import Collector, Prober
+from services.collector.settings import CollectorSettings
+from services.executor import app as executor_app
+from services.executor.handlers import Executor
+from services.executor.settings import ExecutorSettings
+from services.router import app as router_app
+from services.router.handlers import ReportFeed, Router
+from services.router.settings import RouterSettings
+from services.scheduler import app as scheduler_app
+from services.scheduler.handlers import Scheduler
+from services.scheduler.settings import SchedulerSettings
+from services.shared.settings import ServiceSettings
+from services.store import app as store_app
+from services.store.ml import MlRecorder
+from services.store.recorder import Recorder as TaskRecorder
+from services.store.settings import StoreSettings
+from services.templater import app as templater_app
+from services.templater.handlers import Templater
+from services.templater.settings import TemplaterSettings
+from tests.unit.wiring.harness import NAMESPACE, Wire, example_of, running, subscriptions
+
+LIMIT = ServiceSettings().max_message_bytes
+
+
+@dataclass(frozen=True)
+class Service:
+    build: Callable[[Path], FastStream]
+    wires: tuple[Wire, ...]
+
+
+def agent(state: Path) -> FastStream:
+    return agent_app.create_app(AgentSettings(node_id="node-001", namespace=NAMESPACE,
+                                              cluster_id="local", state_dir=str(state),
+                                              jobs="sim"))
+
+
+SERVICES: dict[str, Service] = {
+    "analyzer": Service(
+        lambda state: analyzer_app.create_app(
+            AnalyzerSettings(namespace=NAMESPACE, state_dir=str(state))),
+        (Wire(Topic.OPS_SAMPLES, "wiring.analyzer-samples", Analyzer, "on_samples",
+              limit=2 * 1024 * 1024),
+         Wire(Topic.OPS_NODE_STATE, "wiring.analyzer-node-state", Analyzer, "on_node_state"))),
+    "collector": Service(
+        lambda state: collector_app.create_app(
+            CollectorSettings(namespace=NAMESPACE, state_dir=str(state))),
+        (Wire(Topic.NODE_REPORTS, "wiring.collector", Collector, "on_reports", batch=True),
+         Wire(Topic.NODE_COMMAND_RESULTS, "wiring.collector-probes", Prober, "on_result"))),
+    "templater": Service(
+        lambda state: templater_app.create_app(
+            TemplaterSettings(namespace=NAMESPACE, state_dir=str(state))),
+        (Wire(Topic.OPS_NEEDS, "wiring.templater", Templater, "on_need"),)),
+    "scheduler": Service(
+        lambda state: scheduler_app.create_app(
+            SchedulerSettings(namespace=NAMESPACE, state_dir=str(state))),
+        (Wire(Topic.OPS_TASKS, "wiring.scheduler", Scheduler, "on_task"),
+         Wire(Topic.OPS_TASK_EVENTS, "wiring.scheduler-outcomes", Scheduler, "on_task_event"),
+         Wire(Topic.OPS_POOL_HEALTH, "wiring.scheduler-pool-health", Scheduler,
+              "on_pool_health"))),
+    "executor": Service(
+        lambda state: executor_app.create_app(
+            ExecutorSettings(namespace=NAMESPACE, state_dir=str(state))),
+        (Wire(Topic.OPS_TASKS_SCHEDULED, "wiring.executor-tasks", Executor, "on_scheduled"),
+         Wire(Topic.NODE_COMMAND_RESULTS, "wiring.executor-results", Executor, "on_result"),
+         Wire(Topic.OPS_TASK_CONTROL, "wiring.executor-control", Executor, "on_control"))),
+    "store": Service(
+        lambda state: store_app.create_app(
+            StoreSettings(namespace=NAMESPACE, state_dir=str(state),
+                          database_url=f"sqlite+aiosqlite:///{state / 'warden.db'}")),
+        (Wire(Topic.OPS_TASK_EVENTS, "wiring.store", TaskRecorder, "on_task_event"),
+         Wire(Topic.ML_TASKS_SUBMITTED, "wiring.store-ml-submitted", MlRecorder,
+              "on_submitted"),
+         Wire(Topic.ML_DECISIONS, "wiring.store-ml-decisions", MlRecorder, "on_selected"),
+         Wire(Topic.ML_TASKS_OUTCOMES, "wiring.store-ml-outcomes", MlRecorder, "on_outcome"))),
+    "router": Service(
+        lambda state: router_app.create_app(
+            RouterSettings(namespace=NAMESPACE, state_dir=str(state))),
+        (Wire(Topic.ML_TASKS_SUBMITTED, "wiring.router", Router, "on_submitted"),
+         Wire(Topic.NODE_COMMAND_RESULTS, "wiring.router-results", Router, "on_result"),
+         Wire(Topic.NODE_REPORTS, "wiring.router-registry", ReportFeed, "on_reports",
+              batch=True))),
+    "agent": Service(
+        agent,
+        # Commands are checked against a 16 KiB limit before parsing.
+        (Wire(Topic.NODE_COMMANDS, "wiring.agent-local-node-001", Agent, "on_command",
+              limit=16_384),)),
+}
+
+
+
+def wires(*, strict_only: bool = False) -> list[object]:
+    """(service, wire) parameters; `strict_only`: only the topics parsed before the handler."""
+    return [pytest.param(name, wire, id=f"{name}-{wire.topic.value}")
+            for name, service in SERVICES.items() for wire in service.wires
+            if not (strict_only and wire.batch)]
+
+
+@pytest.mark.parametrize("name", sorted(SERVICES))
+def test_each_service_subscribes_its_topics_in_its_groups(name: str, tmp_path: Path) -> None:
+    service = SERVICES[name]
+    broker = service.build(tmp_path).broker
+    assert isinstance(broker, KafkaBroker)
+    assert subscriptions(broker) == {
+        (wire.wire_name, wire.group, wire.batch) for wire in service.wires}
+
+
+@pytest.mark.parametrize(("name", "wire"), wires())
+async def test_a_valid_event_reaches_its_handler_as_the_topics_model(
+    name: str, wire: Wire, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    service = SERVICES[name]
+    event = example_of(wire.topic)
+    body = event.model_dump_json().encode()
+    async with running(monkeypatch, lambda: service.build(tmp_path), service.wires) as (
+            broker, seen):
+        await broker.publish(body, topic=wire.wire_name, key=event.subject.encode())
+    if wire.batch:
+        # The batch handler validates each record itself, so one bad record fails alone.
+        assert seen.calls == [(wire.handler, [body])]
+    else:
+        assert seen.calls == [(wire.handler, event)]
+        assert type(seen.calls[0][1]) is TOPIC_MODELS[wire.topic]
+    assert seen.dead == {w.wire_name: [] for w in service.wires}
+
+
+@pytest.mark.parametrize(("name", "wire"), wires(strict_only=True))
+async def test_an_invalid_event_is_dead_lettered_with_its_reason(
+    name: str, wire: Wire, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    service = SERVICES[name]
+    event = example_of(wire.topic)
+    bad = event.model_dump_json().replace('"schema_version":1', '"schema_version":99').encode()
+    assert bad != event.model_dump_json().encode()
+    async with running(monkeypatch, lambda: service.build(tmp_path), service.wires) as (
+            broker, seen):
+        await broker.publish(bad, topic=wire.wire_name, key=event.subject.encode())
+        # The key must be the event's subject.
+        good = event.model_dump_json().encode()
+        await broker.publish(good, topic=wire.wire_name, key=b"someone-else")
+    assert seen.calls == []
+    letters = seen.dead[wire.wire_name]
+    assert [body for _, body in letters] == [bad, good]
+    assert [headers["dlt-reason"] for headers, _ in letters] == [
+        "unsupported_version", "key_mismatch"]
+    assert {headers["dlt-original-topic"] for headers, _ in letters} == {wire.wire_name}
+
+
+@pytest.mark.parametrize(("name", "wire"), wires(strict_only=True))
+async def test_the_size_limit_is_checked_before_parsing(
+    name: str, wire: Wire, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    service = SERVICES[name]
+    limit = LIMIT if wire.limit is None else wire.limit
+    async with running(monkeypatch, lambda: service.build(tmp_path), service.wires) as (
+            broker, seen):
+        for size in (limit, limit + 1):
+            await broker.publish(b"x" * size, topic=wire.wire_name, key=b"k")
+    assert seen.calls == []
+    reasons = [headers["dlt-reason"] for headers, _ in seen.dead[wire.wire_name]]
+    assert reasons[1] == "oversize"
+    assert reasons[0] != "oversize"  # at the limit, it is parsed (and refused as bad JSON)
