@@ -223,17 +223,11 @@ class Executor:
             raise TypeError(f"step {step.name} is a centre action, not a command")
         now = now_utc()
         ttl = min(self.settings.command_ttl_s, step.timeout_s)
-        payload = CommandPayload(
-            command_id=UUID(wf.command_id),
-            node_id=action.node_id,
-            seq=await self.journal.next_command_seq(action.node_id),
-            epoch=wf.epoch,
-            issued_at=now,
-            expires_at=now + timedelta(seconds=ttl),
-            task_id=wf.task.task_id,
-            step_index=wf.step,
-            dry_run=wf.task.dry_run,
-            action=action,
+        payload = CommandPayload.for_action(
+            action, command_id=UUID(wf.command_id),
+            seq=await self.journal.next_command_seq(action.node_id), epoch=wf.epoch,
+            issued_at=now, expires_at=now + timedelta(seconds=ttl),
+            task_id=wf.task.task_id, step_index=wf.step, dry_run=wf.task.dry_run,
         )
         await self.bus.publish(
             Topic.NODE_COMMANDS, self.signer.sign(payload, wf.task.cluster_id, SOURCE)
@@ -567,13 +561,11 @@ class Executor:
                 wf, str(query_id), _ms(now + timedelta(seconds=timeout_s)),
                 self.settings.max_status_queries):
             return False
-        # query_status is an unordered action: agents neither check nor advance its seq.
-        payload = CommandPayload(
-            command_id=query_id, node_id=action.node_id, seq=0, epoch=wf.epoch,
-            issued_at=now, expires_at=now + timedelta(
+        payload = CommandPayload.for_action(
+            QueryStatus(node_id=action.node_id, command_id=UUID(wf.command_id)),
+            command_id=query_id, epoch=wf.epoch, issued_at=now, expires_at=now + timedelta(
                 seconds=min(self.settings.command_ttl_s, max(timeout_s, 1.0))),
             task_id=wf.task.task_id, step_index=wf.step,
-            action=QueryStatus(node_id=action.node_id, command_id=UUID(wf.command_id)),
         )
         await self.bus.publish(
             Topic.NODE_COMMANDS, self.signer.sign(payload, wf.task.cluster_id, SOURCE))
@@ -591,12 +583,12 @@ class Executor:
         cancel_id = cancel_id_for(wf.command_id)
         await self.journal.index_cancel(str(cancel_id), wf.task_id)
         now = now_utc()
-        payload = CommandPayload(
-            command_id=cancel_id, node_id=action.node_id,
-            seq=await self.journal.next_command_seq(action.node_id), epoch=wf.epoch,
-            issued_at=now, expires_at=now + timedelta(seconds=self.settings.command_ttl_s),
+        payload = CommandPayload.for_action(
+            Cancel(node_id=action.node_id, command_id=UUID(wf.command_id)),
+            command_id=cancel_id, seq=await self.journal.next_command_seq(action.node_id),
+            epoch=wf.epoch, issued_at=now,
+            expires_at=now + timedelta(seconds=self.settings.command_ttl_s),
             task_id=wf.task.task_id, step_index=wf.step, dry_run=wf.task.dry_run,
-            action=Cancel(node_id=action.node_id, command_id=UUID(wf.command_id)),
         )
         await self.bus.publish(
             Topic.NODE_COMMANDS, self.signer.sign(payload, wf.task.cluster_id, SOURCE))
