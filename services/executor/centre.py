@@ -60,7 +60,7 @@ from services.executor.planning import (
     removal_order,
     standby_order,
 )
-from services.executor.ports import CentreResult, Completed, Failed, Waiting
+from services.executor.ports import CentreResult, Completed, Failed, GuardCheck, Waiting
 from services.executor.settings import ExecutorSettings
 from services.shared.locks import job_lock, node_lock
 from services.shared.redis_client import Keys, text
@@ -102,10 +102,10 @@ class Centre:
 
     # ------------------------------------------------------------ guards
 
-    async def check_guard(self, task: OpsTask, step: Step) -> tuple[bool, str]:
+    async def check_guard(self, task: OpsTask, step: Step) -> GuardCheck:
         """Whether the step's guard holds on fresh state, and why (or why not)."""
         if step.guard is None:
-            return True, "no guard"
+            return GuardCheck(True, "no guard")
         cluster = task.cluster_id
         pool_name = cast(str, getattr(step.action, "pool", None) or task.pool)
         pool = await self._pool(task, pool_name)
@@ -113,7 +113,7 @@ class Centre:
         node = await self.view.node(cluster, node_id) if step.guard == "node_has_jobs" else None
         # The ranges the need was raised under, carried by the task (else the defaults).
         ranges = task.ranges_in_force
-        return guard_holds(step.guard, pool, node, ranges.pool, ranges.node)
+        return GuardCheck(*guard_holds(step.guard, pool, node, ranges.pool, ranges.node))
 
     # ------------------------------------------------------------ actions
 

@@ -10,7 +10,6 @@ sweep finds the step already taken and does nothing.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import replace
@@ -56,6 +55,9 @@ from services.executor.journal import (
     ChildCounts,
     Ended,
     Journal,
+    Patch,
+    PauseRequest,
+    Transition,
     Workflow,
 )
 from services.executor.ports import (
@@ -171,9 +173,9 @@ class Executor:
                 return False
             step = wf.task.steps[wf.step]
             if step.guard is not None:
-                holds, why = await self.centre.check_guard(wf.task, step)
-                if not holds:
-                    if not await self._skip(wf, step, why):
+                guard = await self.centre.check_guard(wf.task, step)
+                if not guard.holds:
+                    if not await self._skip(wf, step, guard.why):
                         return True
                     wf = await self.journal.load(task_id)
                     continue
@@ -421,12 +423,10 @@ class Executor:
         if ended.boundary == "next":
             await self.kick(wf.task_id)
         elif ended.boundary == "paused":
-            pause = ended.pause or {}
+            pause = ended.pause or PauseRequest("", "", "")
             await self.emit(wf.task, "paused", "running", step=paused_at, run=wf.run,
-                            actor=pause.get("actor") or SOURCE,
-                            tag=f"paused:{pause.get('control_id', '')}",
-                            outputs={"control": "pause"},
-                            reason=f"pause: {pause.get('reason', '')}")
+                            actor=pause.actor or SOURCE, tag=f"paused:{pause.control_id}",
+                            outputs={"control": "pause"}, reason=f"pause: {pause.reason}")
         elif ended.boundary == "succeeded":
             await self._finalise(wf.task, "succeeded", "running", "every step completed",
                                  run=wf.run)
@@ -661,9 +661,9 @@ class Executor:
                                    f"lock {held[0]} is held by task {held[1]}")
                 return True
         applied = await self._apply(control, wf, control_id, decision)
-        if applied == 0:
+        if applied == "changed":
             return False
-        if applied < 0:
+        if applied == "duplicate":
             return True  # a redelivered control, applied before
         await self._after_control(control, wf, control_id, decision)
         if control.action in FORWARDED_CONTROLS:
@@ -685,36 +685,28 @@ class Executor:
         return control.action == "jump" and wf.state == "failed"
 
     async def _apply(self, control: TaskControl, wf: Workflow, control_id: str,
-                     decision: Decision) -> int:
-        action = control.action
+                     decision: Decision) -> Transition:
+        action, transition = control.action, self.journal.transition
         if action == "pause" and decision.at_boundary:
-            request = json.dumps({"actor": control.actor, "reason": control.reason,
-                                  "control_id": control_id})
-            return await self.journal.transition(wf, control_id, {"pause": request})
+            request = PauseRequest(control.actor, control.reason, control_id)
+            return await transition(wf, control_id, Patch(pause=request))
         if action == "pause":
-            return await self.journal.transition(wf, control_id, {"state": "paused"},
-                                                 timers="clear")
+            return await transition(wf, control_id, Patch(state="paused"), timers="clear")
         if action == "resume" and decision.withdraw_pause:
-            return await self.journal.transition(wf, control_id, {"pause": ""})
+            return await transition(wf, control_id, Patch(clear_pause=True))
         if action == "resume":
-            return await self.journal.transition(
-                wf, control_id, {"state": "running", "pause": ""}, timers="kick",
-                kick_ms=self._kick_ms())
-        fresh_step = {"step_state": "scheduled", "attempt": "0", "run": str(wf.run + 1),
-                      "command_id": "", "query_id": "", "waiting": "0", "cause": "",
-                      "reason": "", "pause": ""}
+            return await transition(wf, control_id, Patch(state="running", clear_pause=True),
+                                    timers="kick", kick_ms=self._kick_ms())
         if action == "retry":
-            return await self.journal.transition(
-                wf, control_id, {**fresh_step, "state": "running"}, timers="kick",
-                kick_ms=self._kick_ms(), ttl="persist")
+            return await transition(wf, control_id, Patch(state="running", fresh_run=wf.run + 1),
+                                    timers="kick", kick_ms=self._kick_ms(), ttl="persist")
         if action == "jump":
-            return await self.journal.transition(
-                wf, control_id, {**fresh_step, "state": "paused",
-                                 "step": str(control.step_index)},
-                timers="clear", ttl="persist")
-        return await self.journal.transition(
-            wf, control_id, {"state": "terminated", "cause": "terminated", "pause": "",
-                             "reason": short_text(f"terminate: {control.reason}")},
+            return await transition(
+                wf, control_id, Patch(state="paused", step=control.step_index,
+                                      fresh_run=wf.run + 1), timers="clear", ttl="persist")
+        return await transition(
+            wf, control_id, Patch(state="terminated", cause="terminated", clear_pause=True,
+                                  reason=short_text(f"terminate: {control.reason}")),
             timers="clear", ttl="expire")
 
     async def _after_control(self, control: TaskControl, wf: Workflow, control_id: str,

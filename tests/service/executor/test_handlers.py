@@ -33,7 +33,7 @@ from schemas.events.v1 import (
 from schemas.topics import Topic
 from services.executor.handlers import Executor, command_id_for
 from services.executor.journal import Journal, Workflow
-from services.executor.ports import CentreResult, Completed, Failed, Waiting
+from services.executor.ports import CentreResult, Completed, Failed, GuardCheck, Waiting
 from services.executor.settings import ExecutorSettings
 from services.shared.redis_client import Keys, text
 from services.shared.signing import ensure_keypair, signer_from_file, unb64url
@@ -59,12 +59,12 @@ class FakeBus:
 class FakeCentre:
     """Guards by step index (default: holds) and scripted results of centre actions."""
 
-    guards: dict[int, tuple[bool, str]] = field(default_factory=dict)
+    guards: dict[int, GuardCheck] = field(default_factory=dict)
     results: dict[int, list[CentreResult]] = field(default_factory=dict)
     runs: list[tuple[str, int, UUID]] = field(default_factory=list)
 
-    async def check_guard(self, task: OpsTask, step: Step) -> tuple[bool, str]:
-        return self.guards.get(step.index, (True, "holds"))
+    async def check_guard(self, task: OpsTask, step: Step) -> GuardCheck:
+        return self.guards.get(step.index, GuardCheck(True, "holds"))
 
     async def run(self, task: OpsTask, index: int, command_id: UUID,
                   dry_run: bool) -> CentreResult:
@@ -217,8 +217,8 @@ async def test_a_step_whose_guard_does_not_hold_is_skipped_with_the_reason(
     task = make_task(DrainNode(node_id=NODE), AddCapacity(pool="default"),
                      OfflineNode(node_id=NODE), AddCapacity(pool="default"),
                      guards={1: "pool_above_range", 3: "pool_above_range"})
-    harness.centre.guards = {1: (False, "pool at 55% is inside 20-80%"),
-                             3: (False, "pool at 50% is inside 20-80%")}
+    harness.centre.guards = {1: GuardCheck(False, "pool at 55% is inside 20-80%"),
+                             3: GuardCheck(False, "pool at 50% is inside 20-80%")}
     await harness.dispatch(task)
     await harness.answer(harness.last_command())
     # Step 1 is skipped, step 2 is sent straight away.
