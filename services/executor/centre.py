@@ -16,7 +16,6 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import datetime
 from pathlib import Path
 from typing import Any, cast
 from uuid import UUID, uuid5
@@ -29,6 +28,7 @@ from schemas import ids
 from schemas.envelope import short_text
 from schemas.events.v1 import (
     AddCapacity,
+    Clock,
     DrainNode,
     MigrateJob,
     MigrateJobs,
@@ -90,7 +90,7 @@ class Centre:
         settings: CapacitySettings | None = None,
         *,
         source: str = "executor",
-        clock: Callable[[], datetime] = now_utc,
+        clock: Clock = now_utc,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.view = view

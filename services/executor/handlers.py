@@ -25,6 +25,7 @@ from schemas.events.v1 import (
     Action,
     AddCapacity,
     Cancel,
+    Clock,
     CommandPayload,
     CommandResult,
     MigrateJobs,
@@ -122,8 +123,10 @@ class Executor:
     """Drives workflows one step at a time; all progress lives in the Redis journal."""
 
     def __init__(self, settings: ExecutorSettings, journal: Journal, signer: CommandSigner,
-                 bus: Publisher, redis: Redis, keys: Keys, centre: CentreActions) -> None:
+                 bus: Publisher, redis: Redis, keys: Keys, centre: CentreActions, *,
+                 clock: Clock = now_utc) -> None:
         self.settings = settings
+        self.clock = clock
         self.journal = journal
         self.signer = signer
         self.bus = bus
@@ -202,7 +205,7 @@ class Executor:
     async def _start(self, wf: Workflow) -> None:
         task, index = wf.task, wf.step
         step = task.steps[index]
-        now = now_utc()
+        now = self.clock()
         command_id = command_id_for(task.task_id, index, wf.attempt, wf.run)
         deadline_ms = _ms(now + timedelta(seconds=step.timeout_s))
         if not await self.journal.step_started(wf, str(command_id), deadline_ms):
@@ -223,7 +226,7 @@ class Executor:
         action = agent_action(step)
         if action is None:
             raise TypeError(f"step {step.name} is a centre action, not a command")
-        now = now_utc()
+        now = self.clock()
         ttl = min(self.settings.command_ttl_s, step.timeout_s)
         payload = CommandPayload.for_action(
             action, command_id=UUID(wf.command_id),
@@ -284,7 +287,7 @@ class Executor:
             # `created` first: the task store must know a task before any later transition.
             await self.bus.publish(Topic.OPS_TASK_EVENTS, TaskEvent(
                 event_id=uuid5(ids.EXECUTOR, f"{child.task_id}:created"),
-                source=SOURCE, occurred_at=now_utc(), cluster_id=child.cluster_id,
+                source=SOURCE, occurred_at=self.clock(), cluster_id=child.cluster_id,
                 subject=str(child.task_id), correlation_id=str(child.need_id),
                 task_id=child.task_id, parent_task_id=child.parent_task_id, state="created",
                 actor=SOURCE, task=child,
@@ -351,7 +354,7 @@ class Executor:
         step = wf.task.steps[wf.step]
         queried = result.outputs.get("queried_command_id")
         if result.outcome == "unknown" and result.reason == "not_in_journal":
-            deadline_ms = _ms(now_utc() + timedelta(seconds=step.timeout_s))
+            deadline_ms = _ms(self.clock() + timedelta(seconds=step.timeout_s))
             if wf.resent == 0 and await self.journal.query_answered(wf, deadline_ms,
                                                                     resend=True):
                 await self.emit(wf.task, "running", "running", step=wf.step,
@@ -363,7 +366,7 @@ class Executor:
                 return
             await self.step_failed(wf, "unknown", "timeout: the agent never got the command")
         elif result.outcome == "unknown" and result.reason == "in_progress":
-            deadline_ms = _ms(now_utc() + timedelta(seconds=step.timeout_s))
+            deadline_ms = _ms(self.clock() + timedelta(seconds=step.timeout_s))
             if await self.journal.query_answered(wf, deadline_ms, resend=False):
                 await self.emit(wf.task, "running", "running", step=wf.step,
                                 step_state="started", command_id=UUID(wf.command_id),
@@ -405,7 +408,7 @@ class Executor:
                             self.settings.backoff_max_s)
         final_reason = f"step {step.name}: {outcome} {reason}"
         ended = await self.journal.step_ended(
-            wf, "failed", retry_at_ms=_ms(now_utc()) + int(delay_s * 1000) if retry else None,
+            wf, "failed", retry_at_ms=_ms(self.clock()) + int(delay_s * 1000) if retry else None,
             reason=final_reason, cause=cause)
         if ended.boundary == "stale":
             return
@@ -459,7 +462,7 @@ class Executor:
         if not self._recovered:
             await self.recover()
             self._recovered = True
-        now_ms = _ms(now_utc())
+        now_ms = _ms(self.clock())
         for task_id in await self.journal.overdue(now_ms):
             await self._guarded(task_id, self._overdue(task_id, now_ms))
         for task_id in await self.journal.due_retries(now_ms):
@@ -555,7 +558,7 @@ class Executor:
         if action is None:
             return False
         query_id = query_id_for(wf.command_id, wf.queries)
-        now = now_utc()
+        now = self.clock()
         timeout_s = self.settings.status_query_timeout_s
         if not await self.journal.recovery_started(
                 wf, str(query_id), _ms(now + timedelta(seconds=timeout_s)),
@@ -582,7 +585,7 @@ class Executor:
             return
         cancel_id = cancel_id_for(wf.command_id)
         await self.journal.index_cancel(str(cancel_id), wf.task_id)
-        now = now_utc()
+        now = self.clock()
         payload = CommandPayload.for_action(
             Cancel(node_id=action.node_id, command_id=UUID(wf.command_id)),
             command_id=cancel_id, seq=await self.journal.next_command_seq(action.node_id),
@@ -751,7 +754,7 @@ class Executor:
             outputs["pending"] = True
         await self.bus.publish(Topic.OPS_TASK_EVENTS, TaskEvent(
             event_id=uuid5(ids.EXECUTOR, f"control:{control_id}"), source=SOURCE,
-            occurred_at=now_utc(), cluster_id=control.cluster_id, subject=str(task_id),
+            occurred_at=self.clock(), cluster_id=control.cluster_id, subject=str(task_id),
             correlation_id=control.correlation_id, task_id=task_id, state=state,
             previous_state=state, actor=control.actor, reason=short_text(reason), outputs=outputs,
         ))
@@ -760,7 +763,7 @@ class Executor:
 
     def _kick_ms(self) -> int:
         """When a scheduled step must have started by, else the sweep starts it."""
-        return _ms(now_utc() + timedelta(seconds=self.settings.start_grace_s))
+        return _ms(self.clock() + timedelta(seconds=self.settings.start_grace_s))
 
     async def emit(self, task: OpsTask, state: TaskState, previous: TaskState, *,
                    reason: str, step: int | None = None, step_state: StepState | None = None,
@@ -777,7 +780,7 @@ class Executor:
             Topic.OPS_TASK_EVENTS,
             TaskEvent(
                 event_id=uuid5(ids.EXECUTOR, event_key or f"{task.task_id}:{discriminator}"),
-                source=SOURCE, occurred_at=now_utc(), cluster_id=task.cluster_id,
+                source=SOURCE, occurred_at=self.clock(), cluster_id=task.cluster_id,
                 subject=str(task.task_id), correlation_id=str(task.need_id),
                 task_id=task.task_id, parent_task_id=task.parent_task_id,
                 state=state, previous_state=previous, step_index=step, step_state=step_state,
