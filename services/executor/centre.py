@@ -92,6 +92,7 @@ class Centre:
         source: str = "executor",
         clock: Clock = now_utc,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.view = view
         self.provider = provider
@@ -99,6 +100,7 @@ class Centre:
         self.source = source
         self.clock = clock
         self.sleep = sleep
+        self.monotonic = monotonic  # for waits (with `sleep`): never goes back
 
     # ------------------------------------------------------------ guards
 
@@ -338,12 +340,12 @@ class Centre:
         """Wait (bounded) until new nodes report up, so the next step can place jobs there."""
         if not nodes:
             return True
-        deadline = time.monotonic() + self.settings.ready_timeout_s
+        deadline = self.monotonic() + self.settings.ready_timeout_s
         while True:
             view = await self.view.pool(cluster, pool)
             if all(view.node(n) is not None for n in nodes):
                 return True
-            if time.monotonic() >= deadline:
+            if self.monotonic() >= deadline:
                 log.warning("nodes %s not up in %s/%s after %.0fs", nodes, cluster, pool,
                             self.settings.ready_timeout_s)
                 return False

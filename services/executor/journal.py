@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal, NamedTuple, cast
 
 from redis.asyncio import Redis
@@ -172,6 +173,11 @@ class Started(NamedTuple):
 
     outcome: StartOutcome
     pending: Pending | None = None
+
+
+def epoch_ms(moment: datetime) -> int:
+    """A moment as the journal's timers keep it: epoch milliseconds."""
+    return int(moment.timestamp() * 1000)
 
 
 def _decode(reply: Any) -> str:

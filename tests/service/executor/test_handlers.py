@@ -32,7 +32,8 @@ from schemas.events.v1 import (
     now_utc,
 )
 from schemas.topics import Topic
-from services.executor.handlers import Executor, command_id_for
+from services.executor.commands import command_id_for
+from services.executor.handlers import Executor
 from services.executor.journal import Journal, Workflow
 from services.executor.ports import CentreResult, Completed, Failed, GuardCheck, Waiting
 from services.executor.settings import ExecutorSettings

@@ -20,7 +20,7 @@ from schemas.events.v1 import (
     TaskEvent,
     now_utc,
 )
-from services.executor.handlers import command_id_for
+from services.executor.commands import command_id_for
 from services.executor.ports import Waiting
 from services.shared.redis_client import Keys
 from tests.service.executor.test_handlers import (
