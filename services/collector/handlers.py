@@ -232,16 +232,9 @@ class Prober:
 
     async def send(self, cluster: str, node: str, now: datetime) -> None:
         deadline = now + timedelta(seconds=self.settings.probe_deadline_s)
-        payload = CommandPayload(
-            command_id=uuid4(),
-            node_id=node,
-            # Probes change nothing on the node, so they sit outside its command ordering and
-            # fencing (agents do not check seq or epoch for them).
-            seq=0,
-            epoch=1,
-            issued_at=now,
-            expires_at=deadline,
-            action=ProbeNode(node_id=node),
+        # Probes change nothing on the node, so they sit outside its command ordering.
+        payload = CommandPayload.for_action(
+            ProbeNode(node_id=node), command_id=uuid4(), issued_at=now, expires_at=deadline,
         )
         await self.probes.pending(str(payload.command_id), cluster, node, deadline.timestamp())
         await self.bus.publish(Topic.NODE_COMMANDS, self.signer.sign(payload, cluster, SOURCE))
@@ -259,12 +252,11 @@ class Prober:
             # At most one request per node per half minute, whoever of the instances sees it.
             if not await self.probes.request_once(report.cluster_id, report.node_id, 30.0):
                 continue
-            payload = CommandPayload(
-                command_id=uuid4(), node_id=report.node_id,
-                # Setting an absolute interval is idempotent and disrupts nothing, so like a
-                # probe it sits outside the node's command ordering and fencing.
-                seq=0, epoch=1, issued_at=now, expires_at=now + timedelta(seconds=60),
-                action=SetReportInterval(node_id=report.node_id, interval_s=wanted),
+            # Setting an absolute interval is idempotent and disrupts nothing, so like a
+            # probe it sits outside the node's command ordering.
+            payload = CommandPayload.for_action(
+                SetReportInterval(node_id=report.node_id, interval_s=wanted),
+                command_id=uuid4(), issued_at=now, expires_at=now + timedelta(seconds=60),
             )
             await self.bus.publish(Topic.NODE_COMMANDS,
                                    self.signer.sign(payload, report.cluster_id, SOURCE))

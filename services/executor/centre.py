@@ -16,7 +16,6 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import datetime
 from pathlib import Path
 from typing import Any, cast
 from uuid import UUID, uuid5
@@ -29,6 +28,7 @@ from schemas import ids
 from schemas.envelope import short_text
 from schemas.events.v1 import (
     AddCapacity,
+    Clock,
     DrainNode,
     MigrateJob,
     MigrateJobs,
@@ -60,7 +60,7 @@ from services.executor.planning import (
     removal_order,
     standby_order,
 )
-from services.executor.ports import CentreResult, Completed, Failed, Waiting
+from services.executor.ports import CentreResult, Completed, Failed, GuardCheck, Waiting
 from services.executor.settings import ExecutorSettings
 from services.shared.locks import job_lock, node_lock
 from services.shared.redis_client import Keys, text
@@ -90,8 +90,9 @@ class Centre:
         settings: CapacitySettings | None = None,
         *,
         source: str = "executor",
-        clock: Callable[[], datetime] = now_utc,
+        clock: Clock = now_utc,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.view = view
         self.provider = provider
@@ -99,13 +100,14 @@ class Centre:
         self.source = source
         self.clock = clock
         self.sleep = sleep
+        self.monotonic = monotonic  # for waits (with `sleep`): never goes back
 
     # ------------------------------------------------------------ guards
 
-    async def check_guard(self, task: OpsTask, step: Step) -> tuple[bool, str]:
+    async def check_guard(self, task: OpsTask, step: Step) -> GuardCheck:
         """Whether the step's guard holds on fresh state, and why (or why not)."""
         if step.guard is None:
-            return True, "no guard"
+            return GuardCheck(True, "no guard")
         cluster = task.cluster_id
         pool_name = cast(str, getattr(step.action, "pool", None) or task.pool)
         pool = await self._pool(task, pool_name)
@@ -113,7 +115,7 @@ class Centre:
         node = await self.view.node(cluster, node_id) if step.guard == "node_has_jobs" else None
         # The ranges the need was raised under, carried by the task (else the defaults).
         ranges = task.ranges_in_force
-        return guard_holds(step.guard, pool, node, ranges.pool, ranges.node)
+        return GuardCheck(*guard_holds(step.guard, pool, node, ranges.pool, ranges.node))
 
     # ------------------------------------------------------------ actions
 
@@ -338,12 +340,12 @@ class Centre:
         """Wait (bounded) until new nodes report up, so the next step can place jobs there."""
         if not nodes:
             return True
-        deadline = time.monotonic() + self.settings.ready_timeout_s
+        deadline = self.monotonic() + self.settings.ready_timeout_s
         while True:
             view = await self.view.pool(cluster, pool)
             if all(view.node(n) is not None for n in nodes):
                 return True
-            if time.monotonic() >= deadline:
+            if self.monotonic() >= deadline:
                 log.warning("nodes %s not up in %s/%s after %.0fs", nodes, cluster, pool,
                             self.settings.ready_timeout_s)
                 return False

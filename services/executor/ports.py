@@ -8,7 +8,7 @@ centre (cluster view, capacity provider, planning) is wired in `app.py`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 from uuid import UUID
 
 from schemas.envelope import Envelope
@@ -45,10 +45,17 @@ class Waiting:
 CentreResult = Completed | Failed | Waiting
 
 
+class GuardCheck(NamedTuple):
+    """Whether a step's guard holds now, and why (or why not)."""
+
+    holds: bool
+    why: str
+
+
 class CentreActions(Protocol):
     """Guards and centre actions, evaluated on fresh cluster state just before a step."""
 
-    async def check_guard(self, task: OpsTask, step: Step) -> tuple[bool, str]:
+    async def check_guard(self, task: OpsTask, step: Step) -> GuardCheck:
         """Whether the step's guard holds now, and why (or why not)."""
         ...
 

@@ -142,18 +142,17 @@ def inference_payload(task: MlTaskSubmitted, attempt: AttemptRecord, now: float,
                       leeway_s: float = 1.0) -> CommandPayload:
     """The signed part of an attempt's run_inference command.
 
-    Outside the node's command ordering (seq 0, epoch 1: the agent checks neither for it);
-    it expires shortly after the attempt's deadline, when nobody waits for its answer.
+    Outside the node's command ordering; it expires shortly after the attempt's deadline,
+    when nobody waits for its answer.
     """
     timeout_s = max(attempt.deadline - now, 0.001)
-    return CommandPayload(
-        command_id=attempt.command_id, node_id=attempt.node, seq=0, epoch=1,
-        issued_at=at(now), expires_at=at(attempt.deadline) + timedelta(seconds=leeway_s),
-        task_id=task.task_id,
-        action=RunInference(node_id=attempt.node, task_id=task.task_id, attempt=attempt.n,
-                            task_type=task.task_type, model=attempt.model,
-                            version=attempt.version, input=task.input,
-                            timeout_s=min(timeout_s, 3_600.0)),
+    return CommandPayload.for_action(
+        RunInference(node_id=attempt.node, task_id=task.task_id, attempt=attempt.n,
+                     task_type=task.task_type, model=attempt.model,
+                     version=attempt.version, input=task.input,
+                     timeout_s=min(timeout_s, 3_600.0)),
+        command_id=attempt.command_id, issued_at=at(now),
+        expires_at=at(attempt.deadline) + timedelta(seconds=leeway_s), task_id=task.task_id,
     )
 
 

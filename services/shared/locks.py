@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from hashlib import sha256
-from typing import Any
+from typing import Any, NamedTuple
 
 from redis.asyncio import Redis
 
@@ -80,6 +80,13 @@ def lock_ttl_s(task: OpsTask, margin_s: float) -> float:
     return sum(step.timeout_s * step.max_attempts for step in task.steps) + margin_s
 
 
+class HeldLock(NamedTuple):
+    """A lock another task holds: which, and whose."""
+
+    lock: str
+    owner: str
+
+
 class Locks:
     """Takes and frees a task's locks in Redis; each operation is one script."""
 
@@ -89,8 +96,8 @@ class Locks:
             redis.register_script(script) for script in (ACQUIRE_LOCKS, RELEASE_LOCK, RELEASE_ALL))
 
     async def acquire(self, task_id: str, mutex_keys: list[str],
-                      ttl_s: float) -> tuple[str, str] | None:
-        """Take the task's locks (again); None, or (lock, owner) of one held by another task."""
+                      ttl_s: float) -> HeldLock | None:
+        """Take the task's locks (again); None, or the one another task holds."""
         reply = await self._acquire(
             keys=[self.keys.lock(key) for key in mutex_keys],
             args=[task_id, int(ttl_s * 1000)],
@@ -98,7 +105,7 @@ class Locks:
         if not reply:
             return None
         lock, owner = (_decode(v) for v in reply)
-        return lock.removeprefix(self.keys.lock("")), owner
+        return HeldLock(lock.removeprefix(self.keys.lock("")), owner)
 
     async def release(self, task_id: str, mutex_keys: list[str]) -> None:
         """Release the locks a task holds (only those it still owns), one by one."""

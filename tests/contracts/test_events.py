@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
+from uuid import uuid4
 
 import pytest
 from hypothesis import given, settings
@@ -11,7 +13,15 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from schemas.catalog import TOPIC_MODELS
-from schemas.events.v1 import EVENT_MODELS, CommandPayload, NodeReport, OpsNeed, OpsTask
+from schemas.events.v1 import (
+    EVENT_MODELS,
+    CommandPayload,
+    DrainNode,
+    NodeReport,
+    OpsNeed,
+    OpsTask,
+    ProbeNode,
+)
 from schemas.ranges import DEFAULT_RANGES, Ranges
 from services.shared.errors import PermanentError, describe_validation_error
 from services.shared.messaging import parse_event
@@ -163,6 +173,16 @@ def test_commands_outside_the_allow_list_are_rejected(action: dict[str, Any],
     with pytest.raises(ValidationError) as err:
         CommandPayload.model_validate_json(json.dumps(payload(action=action)))
     assert error_type in {e["type"] for e in err.value.errors()}
+
+
+def test_the_builder_addresses_the_actions_node_and_orders_only_when_given_a_seq() -> None:
+    at = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
+    common: dict[str, Any] = {"command_id": uuid4(), "issued_at": at,
+                              "expires_at": at + timedelta(seconds=60)}
+    probe = CommandPayload.for_action(ProbeNode(node_id="node-002"), **common)
+    assert (probe.node_id, probe.seq, probe.epoch) == ("node-002", 0, 1)
+    drain = CommandPayload.for_action(DrainNode(node_id="node-002"), seq=7, epoch=3, **common)
+    assert (drain.seq, drain.epoch) == (7, 3)
 
 
 def test_command_for_another_node_in_the_action_is_rejected() -> None:

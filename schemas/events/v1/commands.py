@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Literal
 from uuid import UUID
 
@@ -18,6 +19,9 @@ from schemas.events.v1.values import (
     StepIndex,
 )
 
+# The seq of a command outside the node's command ordering (see CommandPayload.for_action).
+UNORDERED_SEQ = 0
+
 
 class CommandPayload(Strict):
     """What an agent executes; signed by the centre and verified by the agent before acting."""
@@ -32,6 +36,23 @@ class CommandPayload(Strict):
     step_index: StepIndex | None = None
     dry_run: bool = False
     action: Action
+
+    @classmethod
+    def for_action(cls, action: Action, *, command_id: UUID, issued_at: datetime,
+                   expires_at: datetime, seq: int | None = None, epoch: int = 1,
+                   task_id: UUID | None = None, step_index: int | None = None,
+                   dry_run: bool = False) -> CommandPayload:
+        """The payload carrying `action` to its node.
+
+        `seq` is the node's next command sequence number for an ordered command. An
+        unordered command (a probe, a status query, a report interval, an inference; the
+        agent's UNORDERED_ACTIONS) leaves it out and gets seq 0: agents neither check nor
+        advance it. `epoch` fences a task's commands; 1 for a command outside any task.
+        """
+        return cls(command_id=command_id, node_id=action.node_id,
+                   seq=UNORDERED_SEQ if seq is None else seq, epoch=epoch,
+                   issued_at=issued_at, expires_at=expires_at, task_id=task_id,
+                   step_index=step_index, dry_run=dry_run, action=action)
 
     @model_validator(mode="after")
     def _action_for_this_node(self) -> CommandPayload:

@@ -6,6 +6,7 @@ tasks, retries with backoff, and recovery of unanswered commands.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from uuid import UUID, uuid4
@@ -31,9 +32,10 @@ from schemas.events.v1 import (
     now_utc,
 )
 from schemas.topics import Topic
-from services.executor.handlers import Executor, command_id_for
+from services.executor.commands import command_id_for
+from services.executor.handlers import Executor
 from services.executor.journal import Journal, Workflow
-from services.executor.ports import CentreResult, Completed, Failed, Waiting
+from services.executor.ports import CentreResult, Completed, Failed, GuardCheck, Waiting
 from services.executor.settings import ExecutorSettings
 from services.shared.redis_client import Keys, text
 from services.shared.signing import ensure_keypair, signer_from_file, unb64url
@@ -56,15 +58,28 @@ class FakeBus:
 
 
 @dataclass
+class SetClock:
+    """The executor's clock: stands still (on a whole second) unless a test moves it."""
+
+    now: datetime = field(default_factory=lambda: now_utc().replace(microsecond=0))
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def ms(self) -> int:
+        return int(self.now.timestamp() * 1000)
+
+
+@dataclass
 class FakeCentre:
     """Guards by step index (default: holds) and scripted results of centre actions."""
 
-    guards: dict[int, tuple[bool, str]] = field(default_factory=dict)
+    guards: dict[int, GuardCheck] = field(default_factory=dict)
     results: dict[int, list[CentreResult]] = field(default_factory=dict)
     runs: list[tuple[str, int, UUID]] = field(default_factory=list)
 
-    async def check_guard(self, task: OpsTask, step: Step) -> tuple[bool, str]:
-        return self.guards.get(step.index, (True, "holds"))
+    async def check_guard(self, task: OpsTask, step: Step) -> GuardCheck:
+        return self.guards.get(step.index, GuardCheck(True, "holds"))
 
     async def run(self, task: OpsTask, index: int, command_id: UUID,
                   dry_run: bool) -> CentreResult:
@@ -103,6 +118,7 @@ class Harness:
     centre: FakeCentre
     redis: Redis
     keys: Keys
+    clock: SetClock
     epoch: int = 0
 
     async def dispatch(self, task: OpsTask) -> None:
@@ -175,10 +191,10 @@ def make_harness(redis: Redis, keys: Keys, tmp_path: Path,
     """An executor on the real Redis with a fake bus and a fake centre."""
     private, _ = ensure_keypair(tmp_path / "keys")
     journal = Journal(redis, keys)
-    bus, centre = FakeBus(), FakeCentre()
+    bus, centre, clock = FakeBus(), FakeCentre(), SetClock()
     executor = Executor(settings or ExecutorSettings(), journal, signer_from_file(private), bus,
-                        redis, keys, centre)
-    return Harness(executor, journal, bus, centre, redis, keys)
+                        redis, keys, centre, clock=clock)
+    return Harness(executor, journal, bus, centre, redis, keys, clock)
 
 
 @pytest.fixture
@@ -217,8 +233,8 @@ async def test_a_step_whose_guard_does_not_hold_is_skipped_with_the_reason(
     task = make_task(DrainNode(node_id=NODE), AddCapacity(pool="default"),
                      OfflineNode(node_id=NODE), AddCapacity(pool="default"),
                      guards={1: "pool_above_range", 3: "pool_above_range"})
-    harness.centre.guards = {1: (False, "pool at 55% is inside 20-80%"),
-                             3: (False, "pool at 50% is inside 20-80%")}
+    harness.centre.guards = {1: GuardCheck(False, "pool at 55% is inside 20-80%"),
+                             3: GuardCheck(False, "pool at 50% is inside 20-80%")}
     await harness.dispatch(task)
     await harness.answer(harness.last_command())
     # Step 1 is skipped, step 2 is sent straight away.
@@ -359,11 +375,9 @@ async def test_a_transient_failure_is_retried_with_exponential_backoff(
     tid = str(task.task_id)
     await harness.dispatch(task)
     first = harness.last_command()
-    before = now_utc().timestamp() * 1000
     await harness.answer(first, "failed", "injected_failure")
     due = await harness.redis.zscore(harness.keys.workflow_retries(), tid)
-    assert due is not None
-    assert before + 900 <= due <= before + 1_500
+    assert due == harness.clock.ms() + 1_000
     assert "retry in 1 s" in harness.events(task)[-1].reason
     # Not before it is due...
     await harness.executor.sweep_deadlines()
@@ -373,11 +387,9 @@ async def test_a_transient_failure_is_retried_with_exponential_backoff(
     await harness.executor.sweep_deadlines()
     second = harness.last_command()
     assert second.command_id == command_id_for(task.task_id, 0, 1)
-    before = now_utc().timestamp() * 1000
     await harness.answer(second, "failed", "injected_failure")
     due = await harness.redis.zscore(harness.keys.workflow_retries(), tid)
-    assert due is not None
-    assert before + 1_900 <= due <= before + 2_500
+    assert due == harness.clock.ms() + 2_000
     await harness.retry_due_now(task)
     await harness.executor.sweep_deadlines()
     await harness.answer(harness.last_command(), "failed", "injected_failure")
@@ -475,7 +487,7 @@ async def test_a_command_still_in_progress_gets_more_time(harness: Harness) -> N
                          {"queried_command_id": str(drain.command_id)})
     wf = await harness.wf(task)
     assert wf.step_state == "started"
-    assert wf.deadline_ms > now_utc().timestamp() * 1000
+    assert wf.deadline_ms == harness.clock.ms() + 30_000
     assert "deadline extended" in harness.events(task)[-1].reason
     # Queries are bounded (2 here): the second deadline asks again, the third gives up.
     await harness.expire_deadline(task)
@@ -516,7 +528,8 @@ async def test_startup_recovery_asks_about_every_unanswered_command(harness: Har
     drain = harness.last_command()
     # A fresh executor process (same Redis): its first sweep recovers.
     fresh = Executor(harness.executor.settings, harness.journal, harness.executor.signer,
-                     harness.bus, harness.redis, harness.keys, harness.centre)
+                     harness.bus, harness.redis, harness.keys, harness.centre,
+                     clock=harness.clock)
     await fresh.sweep_deadlines()
     query = harness.last_command()
     assert query.action.action == "query_status"

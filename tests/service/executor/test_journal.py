@@ -5,7 +5,6 @@ Each test uses a fresh key namespace.
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from uuid import UUID, uuid4
 
@@ -13,7 +12,7 @@ import pytest
 from redis.asyncio import Redis
 
 from schemas.events.v1 import DrainNode, OfflineNode, OpsTask, Step, StepAction, now_utc
-from services.executor.journal import Journal, Workflow
+from services.executor.journal import Journal, Patch, PauseRequest, Workflow
 from services.shared.redis_client import Keys, members
 
 
@@ -120,15 +119,14 @@ async def test_a_requested_pause_stops_the_workflow_at_the_step_boundary(
 ) -> None:
     task = make_task()
     wf = await started(journal, task)
-    request = json.dumps({"actor": "alice", "reason": "look first", "control_id": "k1"})
-    assert await journal.transition(wf, "k1", {"pause": request}) == 1
+    request = PauseRequest("alice", "look first", "k1")
+    assert await journal.transition(wf, "k1", Patch(pause=request)) == "applied"
     wf = await reload(journal, str(task.task_id))
-    assert (wf.state, wf.pause) == ("running", {"actor": "alice", "reason": "look first",
-                                                "control_id": "k1"})
+    assert (wf.state, wf.pause) == ("running", request)
     ended = await journal.step_ended(wf, "completed")
     assert ended.boundary == "paused"
     assert ended.pause is not None
-    assert ended.pause["actor"] == "alice"
+    assert ended.pause.actor == "alice"
     wf = await reload(journal, str(task.task_id))
     assert (wf.state, wf.step, wf.step_state, wf.pause) == ("paused", 1, "scheduled", None)
     assert await journal.overdue(10**15) == []
@@ -139,11 +137,12 @@ async def test_a_transition_applies_only_to_the_version_read_and_only_once(
 ) -> None:
     task = make_task()
     wf = await started(journal, task)
-    assert await journal.transition(wf, "k1", {"state": "paused"}, timers="clear") == 1
-    assert await journal.transition(wf, "k2", {"state": "running"}) == 0  # changed since
+    assert await journal.transition(wf, "k1", Patch(state="paused"),
+                                    timers="clear") == "applied"
+    assert await journal.transition(wf, "k2", Patch(state="running")) == "changed"
     fresh = await journal.load(str(task.task_id))
     assert fresh is not None
-    assert await journal.transition(fresh, "k1", {"state": "running"}) == -1  # duplicate
+    assert await journal.transition(fresh, "k1", Patch(state="running")) == "duplicate"
     assert await journal.control_seen(str(task.task_id), "k1")
 
 

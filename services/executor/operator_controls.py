@@ -1,0 +1,191 @@
+"""Operator controls: pause, resume, retry, terminate and jump, applied to a workflow.
+
+What a control does is decided by the pure policy (`control.py`); this applies the decision
+to the journal in one compare-and-set transition (the workflow as read, the control not
+applied before), announces it as the operator's, then acts on it. A control for a task not
+received yet is kept and applied when the task arrives; pause, resume and terminate also
+apply to a parent's open children.
+"""
+
+from __future__ import annotations
+
+import logging
+from uuid import UUID, uuid5
+
+from schemas import ids
+from schemas.envelope import short_text
+from schemas.events.v1 import TaskControl, TaskState
+from services.executor.commands import CommandSender
+from services.executor.control import Decision, decide_control
+from services.executor.events import TaskEvents
+from services.executor.journal import Journal, Patch, PauseRequest, Transition, Workflow
+from services.executor.settings import ExecutorSettings
+from services.executor.workflow import WorkflowCore
+from services.shared.errors import TransientError
+from services.shared.locks import Locks, lock_ttl_s
+
+log = logging.getLogger("clusterwarden.executor")
+# Controls that also apply to a parent's open children. Retry and jump do not: a retried
+# parent step makes new children, and a step index means nothing in a child's plan.
+FORWARDED_CONTROLS = frozenset({"pause", "resume", "terminate"})
+_CONTROL_ATTEMPTS = 8
+
+
+class OperatorControls:
+    """Applies operator controls to workflows (and to tasks that have not arrived yet)."""
+
+    def __init__(self, settings: ExecutorSettings, journal: Journal, locks: Locks,
+                 core: WorkflowCore, commands: CommandSender, events: TaskEvents) -> None:
+        self.settings = settings
+        self.journal = journal
+        self.locks = locks
+        self.core = core
+        self.commands = commands
+        self.events = events
+
+    async def on_control(self, control: TaskControl) -> None:
+        await self.apply_control(control, control.task_id, str(control.event_id))
+
+    async def apply_control(self, control: TaskControl, task_id: UUID,
+                            control_id: str) -> None:
+        """Apply `control` to `task_id` (the task it names, or one of its children)."""
+        for _ in range(_CONTROL_ATTEMPTS):
+            wf = await self.journal.load(str(task_id))
+            if wf is None:
+                done = await self._control_unseen(control, task_id, control_id)
+            else:
+                done = await self._control_workflow(control, wf, control_id)
+            if done:
+                return
+        raise TransientError(f"task {task_id} kept changing under control {control_id}")
+
+    async def _control_unseen(self, control: TaskControl, task_id: UUID,
+                              control_id: str) -> bool:
+        """A control for a task not received yet: kept, and applied when the task arrives."""
+        tid = str(task_id)
+        if await self.journal.control_seen(tid, control_id):
+            return True
+        pending = await self.journal.pending_control(tid)
+        state: TaskState = "queued"
+        if pending is not None and pending.action == "pause":
+            state = "paused"
+        elif pending is not None and pending.action == "terminate":
+            state = "terminated"
+        decision = decide_control(state, None, control.action, control.step_index, 0,
+                                  seen=False)
+        if not decision.allowed:
+            await self.events.control_unseen(control, task_id, control_id, state,
+                                             f"refused {control.action}: {decision.reason}",
+                                             refused=True)
+            await self.journal.mark_control_seen(tid, control_id)
+            return True
+        keep = None if decision.new_state == "queued" else control.action
+        outcome = await self.journal.keep_pending(tid, control_id, keep, control.actor,
+                                                  control.reason)
+        if outcome == "exists":
+            return False  # the task arrived meanwhile: apply to the workflow
+        if outcome == "ok":
+            await self.events.control_unseen(control, task_id, control_id, "queued",
+                                             f"{control.action}: {control.reason} "
+                                             f"({decision.reason})", refused=False)
+        return True
+
+    async def _control_workflow(self, control: TaskControl, wf: Workflow,
+                                control_id: str) -> bool:
+        """Decide and apply a control to a journaled workflow; False if it changed meanwhile."""
+        if await self.journal.control_seen(wf.task_id, control_id):
+            return True
+        decision = decide_control(wf.state, wf.step_state, control.action, control.step_index,
+                                  len(wf.task.steps), pause_requested=wf.pause is not None)
+        if not decision.allowed:
+            await self._refuse(control, wf, control_id, decision.reason)
+            return True
+        if self._needs_locks(control, wf, decision):
+            held = await self.locks.acquire(
+                wf.task_id, wf.task.mutex_keys,
+                lock_ttl_s(wf.task, self.settings.lock_margin_s))
+            if held is not None:
+                await self._refuse(control, wf, control_id,
+                                   f"lock {held.lock} is held by task {held.owner}")
+                return True
+        applied = await self._apply(control, wf, control_id, decision)
+        if applied == "changed":
+            return False
+        if applied == "duplicate":
+            return True  # a redelivered control, applied before
+        await self._after_control(control, wf, control_id, decision)
+        if control.action in FORWARDED_CONTROLS:
+            for child in await self.journal.open_children(wf.task_id, wf.step):
+                await self.apply_control(
+                    control.model_copy(update={"reason": short_text(
+                        f"via parent {wf.task_id}: {control.reason}")}),
+                    UUID(child), str(uuid5(ids.EXECUTOR, f"{control_id}:{child}")))
+        return True
+
+    @staticmethod
+    def _needs_locks(control: TaskControl, wf: Workflow, decision: Decision) -> bool:
+        """Whether the task must hold its locks again: it is about to run (or, jumped from
+        a failure, to wait paused for a resume) and may have released or lost them."""
+        if control.action == "retry":
+            return True
+        if control.action == "resume":
+            return not decision.withdraw_pause
+        return control.action == "jump" and wf.state == "failed"
+
+    async def _apply(self, control: TaskControl, wf: Workflow, control_id: str,
+                     decision: Decision) -> Transition:
+        action, transition = control.action, self.journal.transition
+        if action == "pause" and decision.at_boundary:
+            request = PauseRequest(control.actor, control.reason, control_id)
+            return await transition(wf, control_id, Patch(pause=request))
+        if action == "pause":
+            return await transition(wf, control_id, Patch(state="paused"), timers="clear")
+        if action == "resume" and decision.withdraw_pause:
+            return await transition(wf, control_id, Patch(clear_pause=True))
+        if action == "resume":
+            return await transition(wf, control_id, Patch(state="running", clear_pause=True),
+                                    timers="kick", kick_ms=self.core.kick_ms())
+        if action == "retry":
+            return await transition(wf, control_id, Patch(state="running", fresh_run=wf.run + 1),
+                                    timers="kick", kick_ms=self.core.kick_ms(), ttl="persist")
+        if action == "jump":
+            return await transition(
+                wf, control_id, Patch(state="paused", step=control.step_index,
+                                      fresh_run=wf.run + 1), timers="clear", ttl="persist")
+        return await transition(
+            wf, control_id, Patch(state="terminated", cause="terminated", clear_pause=True,
+                                  reason=short_text(f"terminate: {control.reason}")),
+            timers="clear", ttl="expire")
+
+    async def _after_control(self, control: TaskControl, wf: Workflow, control_id: str,
+                             decision: Decision) -> None:
+        """Announce an applied control (actor: the operator), then act on it."""
+        previous = wf.state
+        key = f"control:{control_id}"
+        reason = f"{control.action}: {control.reason} ({decision.reason})"
+        if control.action == "terminate":
+            await self.commands.cancel(wf)
+            await self.core.finalise(wf.task, "terminated", previous,
+                                     f"terminate: {control.reason}", cause="terminated",
+                                     actor=control.actor, run=wf.run, step=wf.step,
+                                     event_key=key)
+            return
+        state: TaskState = decision.new_state
+        if decision.at_boundary or decision.withdraw_pause:
+            state = "running"  # the state changes (if at all) when the step ends
+        step = control.step_index if control.action == "jump" else wf.step
+        await self.events.emit(wf.task, state, previous, step=step, actor=control.actor,
+                               reason=reason, outputs={"control": control.action},
+                               event_key=key)
+        if state == "running" and not (decision.at_boundary or decision.withdraw_pause):
+            await self.core.kick(wf.task_id)
+
+    async def _refuse(self, control: TaskControl, wf: Workflow, control_id: str,
+                      why: str) -> None:
+        await self.events.emit(wf.task, wf.state, wf.state, step=wf.step, actor=control.actor,
+                               reason=f"refused {control.action}: {why}",
+                               outputs={"control": control.action, "refused": True},
+                               event_key=f"control:{control_id}")
+        await self.journal.mark_control_seen(wf.task_id, control_id)
+        log.info("task %s: refused %s by %s: %s", wf.task_id, control.action, control.actor,
+                 why)
