@@ -20,6 +20,7 @@ from schemas.events.v1 import OpsTask
 from services.scheduler import breaker
 from services.scheduler.breaker import BreakerConfig, BreakerState, Decision, Outcome
 from services.shared.audit import AuditLog, AuditRecord, Role, VersionedWrite
+from services.shared.clock import EpochClock
 from services.shared.locks import Locks
 from services.shared.redis_client import Keys, text
 
@@ -110,7 +111,7 @@ class BreakerStore:
     """Reads and changes breakers atomically; unreadable means closed to automation."""
 
     def __init__(self, redis: Redis, keys: Keys, config_for: Callable[[str], BreakerConfig],
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: EpochClock = time.time) -> None:
         self.redis = redis
         self.keys = keys
         self._config_for_kind = config_for

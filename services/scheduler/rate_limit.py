@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
+from services.shared.clock import EpochClock
 from services.shared.redis_client import Keys, text
 
 # KEYS[1] bucket hash {tokens, at}; ARGV[1] rate per s, ARGV[2] burst, ARGV[3] now (epoch s),
@@ -62,7 +62,7 @@ class RateLimiter:
     """Token buckets per (cluster, kind), shared by every scheduler through Redis."""
 
     def __init__(self, redis: Redis, keys: Keys, rate_per_s: float, burst: int,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: EpochClock = time.time) -> None:
         if rate_per_s <= 0 or burst < 1:
             raise ValueError("a token bucket needs a positive rate and a burst of at least 1")
         self.redis = redis
