@@ -4,7 +4,6 @@ count, the offline budget and the rate limit holding tasks in the queue."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -28,7 +27,8 @@ def scheduler(redis: Redis, keys: Keys, clock: Clock, **settings: Any) -> Schedu
                      BreakerStore(redis, keys, config.breaker_config, clock=clock),
                      SafetyStore(redis, keys, config.pool_health_ttl_s),
                      RateLimiter(redis, keys, config.rate_per_s, config.rate_burst,
-                                 clock=clock))
+                                 clock=clock),
+                     clock=clock.utc)
 
 
 def bus(s: Scheduler) -> RecordingBus:
@@ -48,7 +48,7 @@ def alerts(s: Scheduler) -> list[Alert]:
 
 async def queue(s: Scheduler, *tasks: OpsTask) -> None:
     # Fresh health every time: the scheduler refuses health older than a minute.
-    await s.on_pool_health(pool_health({"up": 100}))  # a budget of 10
+    await s.on_pool_health(pool_health({"up": 100}, s.clock()))  # a budget of 10
     for t in tasks:
         await s.on_task(t)
 
@@ -57,7 +57,7 @@ async def fail(s: Scheduler, *tasks: OpsTask, cause: str = "failed") -> None:
     """The final events of tasks that ran (indexed as `on_task` indexes them) and failed."""
     for t in tasks:
         await s.breakers.remember_task(t)
-        await s.on_task_event(final_event(t.task_id, "failed", cause))
+        await s.on_task_event(final_event(t.task_id, "failed", cause, at=s.clock()))
 
 
 # ------------------------------------------------------------------ breaker scope and kind
@@ -103,7 +103,7 @@ async def test_without_the_index_the_executors_kind_output_names_the_breaker(
         redis: Redis, keys: Keys, clock: Clock) -> None:
     s = scheduler(redis, keys, clock)
     for _ in range(3):
-        await s.on_task_event(final_event(task("n").task_id, "failed", "timeout",
+        await s.on_task_event(final_event(task("n").task_id, "failed", "timeout", at=s.clock(),
                                           kind="remove_node", need_kind="scale_in"))
     assert (await s.breakers.load("local", "remove_node"))[0].status == "OPEN"
     assert (await s.breakers.load("local", "scale_in"))[1] == 0
@@ -178,7 +178,7 @@ async def test_the_rate_limit_holds_tasks_in_the_queue_until_a_token_is_due(
     assert len(first) == 2
     assert await s.queue.depth() == 1
     # The third was counted in the budget, then given its place back when refused a token.
-    assert await s.safety.in_flight("local", "default", time.time()) == 2
+    assert await s.safety.in_flight("local", "default", clock.now) == 2
     clock.advance(9.0)
     await s.dispatch()
     assert dispatched(s) == first
@@ -201,7 +201,7 @@ async def test_kinds_outside_the_rate_limit_take_no_token(
 async def test_offline_and_remove_node_tasks_share_the_pool_budget(
         redis: Redis, keys: Keys, clock: Clock) -> None:
     s = scheduler(redis, keys, clock)
-    await s.on_pool_health(pool_health({"up": 10}))  # roundup(10%) = 1
+    await s.on_pool_health(pool_health({"up": 10}, s.clock()))  # roundup(10%) = 1
     budgeted = {"node-1": task("node-1"), "node-2": task("node-2", kind="remove_node")}
     for t in (*budgeted.values(), task("node-3", kind="migrate")):
         await s.on_task(t)
@@ -209,14 +209,15 @@ async def test_offline_and_remove_node_tasks_share_the_pool_budget(
     sent = dispatched(s)
     assert "node-3" in sent  # a migration spends no budget
     (first,) = set(sent) & set(budgeted)
-    await s.on_task_event(final_event(budgeted[first].task_id, "succeeded"))
+    await s.on_task_event(final_event(budgeted[first].task_id, "succeeded", at=s.clock()))
     await s.dispatch()
     assert set(dispatched(s)) == {"node-1", "node-2", "node-3"}
 
 
 async def test_a_budget_refusal_takes_no_token(redis: Redis, keys: Keys, clock: Clock) -> None:
     s = scheduler(redis, keys, clock, rate_burst=1)
-    await s.on_pool_health(pool_health({"up": 9, "down": 1}))  # budget used up by the down node
+    # The budget is used up by the down node.
+    await s.on_pool_health(pool_health({"up": 9, "down": 1}, s.clock()))
     await s.on_task(task("node-1"))
     await s.dispatch()
     assert dispatched(s) == []
