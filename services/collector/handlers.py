@@ -29,6 +29,7 @@ from schemas.topics import Topic
 from services.collector import policy
 from services.collector.settings import CollectorSettings
 from services.collector.store import NodeStore, ProbeStore, epoch_to_datetime
+from services.shared.clock import Clock
 from services.shared.deadletter import DeadLetterPolicy, classify, records_of
 from services.shared.errors import PermanentError
 from services.shared.messaging import BulkPublisher, EventBus, parse_event
@@ -51,8 +52,10 @@ class Collector:
         meter: metrics.Meter,
         probes: ProbeStore | None = None,
         prober: Prober | None = None,
+        clock: Clock = now_utc,
     ) -> None:
         self.settings = settings
+        self.clock = clock
         self.probes = probes
         self.prober = prober
         self.store = store
@@ -65,7 +68,7 @@ class Collector:
 
     async def on_reports(self, bodies: list[bytes], msg: KafkaMessage) -> None:
         """A batch of raw reports: each one is validated on its own, bad ones dead-lettered."""
-        now = now_utc()
+        now = self.clock()
         usable: list[tuple[NodeReport, NodeStateName, float]] = []
         records: list[Any] = []
         summaries: list[tuple[int, Sample]] = []
@@ -157,7 +160,7 @@ class Collector:
         interval = self.settings.sweep_interval_s
         if not await self.store.try_lock_sweep("heartbeat", interval * 0.9):
             return  # another collector instance sweeps this tick
-        now = now_utc()
+        now = self.clock()
         with self.tracer.start_as_current_span("collector.sweep_heartbeats"):
             for cluster in await self.store.clusters():
                 changes: list[NodeState] = []
@@ -210,8 +213,9 @@ class Prober:
     """
 
     def __init__(self, settings: CollectorSettings, probes: ProbeStore, nodes: NodeStore,
-                 signer: CommandSigner, bus: EventBus) -> None:
+                 signer: CommandSigner, bus: EventBus, clock: Clock = now_utc) -> None:
         self.settings = settings
+        self.clock = clock
         self.probes = probes
         self.nodes = nodes
         self.signer = signer
@@ -221,7 +225,7 @@ class Prober:
         """Fail expired probes, then send the probes that are due."""
         if not await self.nodes.try_lock_sweep("probes", self.settings.sweep_interval_s * 0.9):
             return
-        now = now_utc()
+        now = self.clock()
         for command_id in await self.probes.expired(now):
             ended = await self.probes.end(command_id, answered=False, now=now)
             if ended is not None:
@@ -273,5 +277,5 @@ class Prober:
 
     async def on_result(self, result: CommandResult) -> None:
         """Any answer to a pending probe (even a rejection) proves the command path works."""
-        await self.probes.end(str(result.command_id), answered=True, now=now_utc(),
+        await self.probes.end(str(result.command_id), answered=True, now=self.clock(),
                               sent_at=result.occurred_at)
