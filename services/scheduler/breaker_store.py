@@ -21,6 +21,7 @@ from services.scheduler import breaker
 from services.scheduler.breaker import BreakerConfig, BreakerState, Decision, Outcome
 from services.shared.audit import AuditLog, AuditRecord, Role, VersionedWrite
 from services.shared.clock import EpochClock
+from services.shared.errors import INFRASTRUCTURE_ERRORS
 from services.shared.locks import Locks
 from services.shared.redis_client import Keys, text
 
@@ -54,6 +55,10 @@ return 1
 
 class BreakerUnreadable(Exception):
     """The breaker's hash could not be read or parsed."""
+
+
+# What admitting fails closed on: the state unreadable, or Redis not answering the trial's write.
+ADMIT_UNREADABLE: tuple[type[BaseException], ...] = (BreakerUnreadable, *INFRASTRUCTURE_ERRORS)
 
 
 @dataclass(frozen=True)
@@ -144,7 +149,7 @@ class BreakerStore:
         """The breaker's state and version; raises BreakerUnreadable."""
         try:
             raw = await self.redis.hgetall(self.key(cluster, kind))
-        except Exception as err:
+        except INFRASTRUCTURE_ERRORS as err:
             raise BreakerUnreadable(repr(err)) from err
         return decode({text(k): text(v) for k, v in raw.items()})
 
@@ -174,8 +179,9 @@ class BreakerStore:
                     log.warning("breaker %s/%s half-open: task %s is the trial",
                                 cluster, kind, task_id)
                     return decision, trial
-            except Exception as err:
-                # Fail closed: without the breaker's state nothing of its kind runs.
+            except ADMIT_UNREADABLE as err:
+                # Fail closed: without the breaker's state nothing of its kind runs. Any other
+                # error is a bug: it propagates rather than hold the kind back for ever.
                 log.warning("breaker %s/%s unreadable: %r", cluster, kind, err)
                 return Decision(allowed=False, reason=UNREADABLE), None
         return Decision(allowed=False, reason="breaker busy; retried next tick"), None

@@ -31,9 +31,9 @@ from services.scheduler import policy, safety
 from services.scheduler.breaker import BreakerState, Outcome, breaker_name
 from services.scheduler.breaker_store import BreakerReset, BreakerStore
 from services.scheduler.queue import TaskQueue
-from services.scheduler.rate_limit import RateLimiter
+from services.scheduler.rate_limit import RateLimiter, RateLimitUnreadable
 from services.scheduler.safety import Verdict
-from services.scheduler.safety_store import SafetyStore
+from services.scheduler.safety_store import SafetyStore, SafetyUnreadable
 from services.scheduler.settings import SchedulerSettings
 from services.shared.clock import Clock
 from services.shared.locks import lock_ttl_s
@@ -232,8 +232,9 @@ class Scheduler:
             health = await self.safety.load_health(task.cluster_id, task.pool)
             target_state = (await self.safety.node_state(task.cluster_id, task.target)
                             if budgeted else None)
-        except Exception as err:
-            # Fail closed: without the pool's health nothing runs.
+        except SafetyUnreadable as err:
+            # Fail closed: without the pool's health nothing runs. Only an unreadable state is
+            # caught: a bug propagates rather than hold every task of the pool for ever.
             log.warning("task %s held back: pool safety state unreadable: %r",
                         task.task_id, err)
             return "refused"
@@ -257,7 +258,7 @@ class Scheduler:
         try:
             admission = await self.safety.admit_in_flight(task, capacity, lapses_at_s,
                                                           now.timestamp())
-        except Exception as err:
+        except SafetyUnreadable as err:
             log.warning("task %s held back: offline budget unreadable: %r", task.task_id, err)
             return "refused"
         if not admission.admitted:
@@ -281,7 +282,7 @@ class Scheduler:
             return False
         try:
             decision = await self.rate_limiter.take(*key)
-        except Exception as err:
+        except RateLimitUnreadable as err:
             # Fail closed, like every other limit.
             log.warning("task %s held back: rate limit %s/%s unreadable: %r",
                         task.task_id, *key, err)

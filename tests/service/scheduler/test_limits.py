@@ -1,23 +1,26 @@
 """The scheduler's limits end to end on the real redis-server (the bus only records):
 breakers keyed on task.kind (per cluster or per node), agent rejections left out of the
-count, the offline budget and the rate limit holding tasks in the queue."""
+count, the offline budget and the rate limit holding tasks in the queue; a limit Redis cannot
+answer for holding them too, and a bug in a limit propagating instead."""
 
 from __future__ import annotations
 
-from typing import Any
+import socket
+from collections.abc import AsyncIterator
+from typing import Any, NoReturn
 
 import pytest
 from redis.asyncio import Redis
 
 from schemas.events.v1 import Alert, OpsTask, TaskScheduled
 from schemas.topics import Topic
-from services.scheduler.breaker_store import BreakerStore
+from services.scheduler.breaker_store import UNREADABLE, BreakerStore
 from services.scheduler.handlers import Scheduler
 from services.scheduler.queue import TaskQueue
 from services.scheduler.rate_limit import RateLimiter
-from services.scheduler.safety_store import SafetyStore
+from services.scheduler.safety_store import ADMIT_IN_FLIGHT, SafetyStore
 from services.scheduler.settings import SchedulerSettings
-from services.shared.redis_client import Keys
+from services.shared.redis_client import Keys, connect_redis
 from tests.service.scheduler.helpers import Clock, RecordingBus, final_event, pool_health, task
 
 
@@ -222,3 +225,73 @@ async def test_a_budget_refusal_takes_no_token(redis: Redis, keys: Keys, clock: 
     await s.dispatch()
     assert dispatched(s) == []
     assert (await s.rate_limiter.take("local", "offline")).allowed
+
+
+# ------------------------------------------------------------------ outages and bugs
+
+
+@pytest.fixture
+async def down() -> AsyncIterator[Redis]:
+    """A client, made as the services make theirs, of a redis-server that is not there."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    client = connect_redis(f"redis://127.0.0.1:{port}/0")
+    yield client
+    await client.aclose()
+
+
+@pytest.mark.parametrize("limit", ["pool health", "budget", "rate limit"])
+async def test_a_limit_redis_cannot_answer_for_holds_the_task(
+        redis: Redis, keys: Keys, clock: Clock, down: Redis, limit: str) -> None:
+    s = scheduler(redis, keys, clock)
+    await queue(s, task("node-1"))
+    safety, rate_limiter = s.safety, s.rate_limiter
+    if limit == "pool health":
+        s.safety = SafetyStore(down, keys, s.settings.pool_health_ttl_s)
+    elif limit == "budget":
+        s.safety = SafetyStore(redis, keys, s.settings.pool_health_ttl_s)
+        s.safety._admit = down.register_script(ADMIT_IN_FLIGHT)
+    else:
+        s.rate_limiter = RateLimiter(down, keys, s.settings.rate_per_s, s.settings.rate_burst)
+    await s.dispatch()  # fails closed: no error, nothing dispatched
+    assert dispatched(s) == []
+    assert await s.queue.depth() == 1
+    assert await safety.in_flight("local", "default", clock.now) == 0  # no place kept
+    s.safety, s.rate_limiter = safety, rate_limiter  # Redis is back
+    await s.dispatch()
+    assert dispatched(s) == ["node-1"]
+
+
+async def test_a_breaker_redis_cannot_answer_for_is_closed(keys: Keys, clock: Clock,
+                                                          down: Redis) -> None:
+    store = BreakerStore(down, keys, SchedulerSettings().breaker_config, clock=clock)
+    decision, state = await store.admit("local", "offline", "task-1")
+    assert (decision.allowed, decision.reason, state) == (False, UNREADABLE, None)
+
+
+def bug(*_: object) -> NoReturn:
+    raise TypeError("unsupported operand type(s) for -: 'str' and 'float'")
+
+
+async def async_bug(*_: object) -> NoReturn:
+    bug()
+
+
+@pytest.mark.parametrize("limit", ["breaker", "pool health", "budget", "rate limit"])
+async def test_a_bug_in_a_limit_propagates_instead_of_holding_the_task(
+        redis: Redis, keys: Keys, clock: Clock, monkeypatch: pytest.MonkeyPatch,
+        limit: str) -> None:
+    s = scheduler(redis, keys, clock)
+    await queue(s, task("node-1"))
+    if limit == "breaker":
+        monkeypatch.setattr("services.scheduler.breaker.admits", bug)
+    elif limit == "pool health":
+        monkeypatch.setattr(s.safety, "load_health", async_bug)
+    elif limit == "budget":
+        monkeypatch.setattr(s.safety, "admit_in_flight", async_bug)
+    else:
+        monkeypatch.setattr(s.rate_limiter, "take", async_bug)
+    with pytest.raises(TypeError, match="unsupported operand"):
+        await s.dispatch()
+    assert dispatched(s) == []
