@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 from uuid import uuid4
 
+from aiokafka.structs import ConsumerRecord
 from faststream.kafka import KafkaMessage
 from opentelemetry import metrics, trace
 from pydantic import ValidationError
@@ -37,6 +39,21 @@ from services.shared.signing import CommandSigner
 
 log = logging.getLogger("clusterwarden.collector")
 SOURCE = "collector"
+
+
+@dataclass(frozen=True)
+class UsableReport:
+    """A report fit for decisions, with what it implies and the Kafka record it came in."""
+
+    report: NodeReport
+    state: NodeStateName
+    record: ConsumerRecord[Any, Any]
+    sample: Sample
+
+    @property
+    def partition(self) -> int:
+        """The reports partition it was read from, which its sample keeps (see batch_samples)."""
+        return int(self.record.partition)
 
 
 class Collector:
@@ -69,9 +86,7 @@ class Collector:
     async def on_reports(self, bodies: list[bytes], msg: KafkaMessage) -> None:
         """A batch of raw reports: each one is validated on its own, bad ones dead-lettered."""
         now = self.clock()
-        usable: list[tuple[NodeReport, NodeStateName, float]] = []
-        records: list[Any] = []
-        summaries: list[tuple[int, Sample]] = []
+        usable: list[UsableReport] = []
         outcomes: Counter[str] = Counter()
         for record in records_of(msg.raw_message):
             try:
@@ -92,44 +107,41 @@ class Collector:
                             report.event_id, report.node_id, verdict)
                 outcomes[verdict] += 1
                 continue
-            summary = policy.summarize(report, SOURCE, now)
-            summaries.append((record.partition, summary))
-            records.append(record)
-            usable.append((report, state_from_mode(report.mode),
-                           summary.gpu_utilization_pct))
+            usable.append(UsableReport(report, state_from_mode(report.mode), record,
+                                       policy.summarize(report, SOURCE, now)))
         if usable:
-            await self.apply(usable, records, summaries, outcomes, now)
+            await self.apply(usable, outcomes, now)
         for outcome, count in outcomes.items():
             self.reports_counter.add(count, {"outcome": outcome})
 
-    async def apply(self, usable: list[tuple[NodeReport, NodeStateName, float]],
-                    records: list[Any], summaries: list[tuple[int, Sample]],
-                    outcomes: Counter[str], now: datetime) -> None:
+    async def apply(self, usable: list[UsableReport], outcomes: Counter[str],
+                    now: datetime) -> None:
         """Apply valid reports to node state; publish their samples and state transitions."""
-        applied = await self.store.apply_reports(usable, self.settings.suspect_after_intervals)
+        applied = await self.store.apply_reports(
+            [(u.report, u.state, u.sample.gpu_utilization_pct) for u in usable],
+            self.settings.suspect_after_intervals)
         samples: list[tuple[int, Sample]] = []
         transitions: list[NodeState] = []
-        for (report, state, _), record, summary, result in zip(
-            usable, records, summaries, applied, strict=True
-        ):
+        for u, result in zip(usable, applied, strict=True):
+            report, state = u.report, u.state
             outcomes[result.outcome] += 1
             if result.outcome == "unknown":
                 # Quarantined, not registered: a node must be enrolled before it counts.
                 await self.dead_letters.dead_letter(
-                    record, "unknown_node",
+                    u.record, "unknown_node",
                     f"node {report.node_id!r} is not registered in cluster {report.cluster_id!r}")
                 continue
             if result.outcome == "old":
                 continue  # an older report than one already applied: not used for decisions
+            sample = u.sample
             if result.failed_probes:
-                partition, sample = summary
                 probe_fault = Fault(kind="probe_failed", detail=(
                     f"{result.failed_probes} centre probe(s) in a row unanswered"))
-                summary = (partition, sample.model_copy(update={
+                sample = sample.model_copy(update={
                     "faults": [*sample.faults, probe_fault],
                     "fault_count": sample.fault_count + 1,
-                }))
-            samples.append(summary)
+                })
+            samples.append((u.partition, sample))
             if result.previous != state:
                 transitions.append(
                     NodeState(
@@ -151,7 +163,7 @@ class Collector:
                                     policy.batch_samples(samples, SOURCE, now))
         if self.prober is not None:
             await self.prober.steer_intervals(
-                [report for (report, _, _), result in zip(usable, applied, strict=True)
+                [u.report for u, result in zip(usable, applied, strict=True)
                  if result.outcome == "ok"], now)
         await self.bus.publish_many(Topic.OPS_NODE_STATE, transitions)
 
