@@ -26,7 +26,7 @@ from services.analyzer.faults import classify
 from services.analyzer.needs import NeedModule
 from services.analyzer.observation import NodeObservation, PoolObservation
 from services.analyzer.settings import AnalyzerSettings
-from services.analyzer.store import AnalyzerStore, PoolStore
+from services.analyzer.store import AnalyzerStore, FatalEpisode, PoolStore
 from services.shared.clock import Clock
 from services.shared.messaging import EventBus
 from services.shared.redis_client import Keys
@@ -77,14 +77,15 @@ class Analyzer:
         """Per sample, each faulty GPU's earlier fatal episodes within the repeat window, for
         the escalation of a GPU that keeps failing (e.g. 5 in 24 h: replace it)."""
         args = self.settings.offline.faults
-        items: list[tuple[str, str, int, str, bool]] = []
+        items: list[FatalEpisode] = []
         owners: list[tuple[int, int]] = []
         for i, (sample, run) in enumerate(zip(batch.samples, runs, strict=True)):
             fatal = classify(sample.faults, (), args).fatal_by_gpu
             for gpu in fatal:
                 # The episode is named by the sample that started the run of faulty reports.
                 episode = f"{sample.node_id}:{gpu}:{sample.report_event_id if run == 1 else ''}"
-                items.append((sample.cluster_id, sample.node_id, gpu, episode, run == 1))
+                items.append(FatalEpisode(sample.cluster_id, sample.node_id, gpu, episode,
+                                          starts_now=run == 1))
                 owners.append((i, gpu))
         counts = await self.store.fatal_episodes(items, self.clock().timestamp(),
                                                  args.repeat_window_s)
