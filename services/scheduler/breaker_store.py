@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from redis.asyncio import Redis
 
@@ -45,6 +46,10 @@ if dedupe then redis.call('SET', KEYS[2], '1', 'PX', ARGV[3]) end
 redis.call('HSET', KEYS[1], 'version', current + 1, unpack(ARGV, 4))
 return 1
 """
+
+# What a CAS write did, by the script's answer.
+Write = Literal["written", "moved_on", "already_recorded"]
+_WRITES: dict[int, Write] = {1: "written", 0: "moved_on", -1: "already_recorded"}
 
 REQUEUE = """
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end
@@ -154,11 +159,11 @@ class BreakerStore:
         return decode({text(k): text(v) for k, v in raw.items()})
 
     async def _write(self, cluster: str, kind: str, version: int, state: BreakerState,
-                     dedupe_task: str = "") -> int:
-        return int(await self._cas(
+                     dedupe_task: str = "") -> Write:
+        return _WRITES[int(await self._cas(
             keys=[self.key(cluster, kind), self._dedupe_key(dedupe_task or "-")],
             args=[version, "1" if dedupe_task else "0", DEDUPE_TTL_MS, *encode(state)],
-        ))
+        ))]
 
     async def admit(self, cluster: str, kind: str,
                     task_id: str) -> tuple[Decision, BreakerState | None]:
@@ -175,7 +180,7 @@ class BreakerStore:
                 if not decision.half_open_trial:
                     return decision, state
                 trial = breaker.begin_trial(state, task_id, now)
-                if await self._write(cluster, kind, version, trial) == 1:
+                if await self._write(cluster, kind, version, trial) == "written":
                     log.warning("breaker %s/%s half-open: task %s is the trial",
                                 cluster, kind, task_id)
                     return decision, trial
@@ -194,9 +199,9 @@ class BreakerStore:
             state, version = await self.load(cluster, kind)
             after = breaker.record(state, outcome, self.clock(), config)
             written = await self._write(cluster, kind, version, after, outcome.task_id)
-            if written == -1:
+            if written == "already_recorded":
                 return None
-            if written == 1:
+            if written == "written":
                 return state, after
         raise BreakerUnreadable(f"breaker {cluster}/{kind} kept changing; retry later")
 
@@ -212,7 +217,7 @@ class BreakerStore:
             after = breaker.release_trial(state, task_id)
             if after == state:
                 return False
-            if await self._write(cluster, kind, version, after) == 1:
+            if await self._write(cluster, kind, version, after) == "written":
                 log.warning("breaker %s/%s: trial %s not counted; back to open",
                             cluster, kind, task_id)
                 return True
