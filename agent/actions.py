@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from datetime import datetime
 from functools import partial
 
 from agent.effects import Effect
@@ -34,6 +32,7 @@ from schemas.events.v1 import (
     StopJob,
     now_utc,
 )
+from services.shared.clock import Clock
 
 log = logging.getLogger("clusterwarden.agent.actions")
 
@@ -87,7 +86,7 @@ class JobActions:
         *,
         stop_timeout_s: float = 5.0,
         poll_s: float = 0.05,
-        clock: Callable[[], datetime] = now_utc,
+        clock: Clock = now_utc,
     ) -> None:
         self.node_id = node_id
         self.gpus = gpus

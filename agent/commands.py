@@ -56,6 +56,7 @@ from schemas.events.v1 import (
     UndrainNode,
     now_utc,
 )
+from services.shared.clock import Clock
 from services.shared.errors import describe_validation_error
 from services.shared.signing import CommandVerifier, unb64url
 
@@ -210,7 +211,7 @@ class CommandExecutor:
         models: ModelServer | None = None,
         inference_journal: InferenceJournal | None = None,
         publish: Callable[[CommandResult], Awaitable[None]] | None = None,
-        clock: Callable[[], datetime] = now_utc,
+        clock: Clock = now_utc,
     ) -> None:
         self.node_id = node_id
         self.cluster_id = cluster_id

@@ -1,4 +1,5 @@
-"""Utilisation ranges: the one home of the band type and of the default pool and node ranges.
+"""Utilisation ranges: the one home of the band type, of the band with its hold that the
+analyzer and the capacity forecast are configured with, and of the default pool and node ranges.
 
 The analyzer raises needs when a value leaves a range; the executor's guards and plans check
 the same range on fresh state before acting. So the ranges travel with the work: a need
@@ -9,13 +10,16 @@ documented defaults below: both ranges 20-80 %, left at 25/75 %.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from schemas.envelope import Strict
 
 Threshold = Annotated[float, Field(ge=0.0, le=1e6)]
+
+Side = Literal["high", "low"]
+"""Which side of a band a value is out on."""
 
 
 class Band(Strict):
@@ -41,6 +45,19 @@ class Band(Strict):
         """Just the thresholds, as a plain `Band` (a subclass's other fields left out)."""
         return Band(low_enter=self.low_enter, low_exit=self.low_exit,
                     high_enter=self.high_enter, high_exit=self.high_exit)
+
+
+class BandArgs(Band):
+    """A range the analyzer checks (the contract's `Band`) and how long a value must be out
+    of it before it is a need. Read from the environment, so not strict like the wire; only
+    its `band()` travels with a need."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+    hold_s: float = Field(
+        default=60.0, ge=0.0, le=86_400.0,
+        description="The condition must hold this long before it is a need (a spike is not).",
+    )
 
 
 class Ranges(Strict):

@@ -26,7 +26,8 @@ from services.analyzer.faults import classify
 from services.analyzer.needs import NeedModule
 from services.analyzer.observation import NodeObservation, PoolObservation
 from services.analyzer.settings import AnalyzerSettings
-from services.analyzer.store import AnalyzerStore, PoolStore
+from services.analyzer.store import AnalyzerStore, FatalEpisode, PoolStore
+from services.shared.clock import Clock
 from services.shared.messaging import EventBus
 from services.shared.redis_client import Keys
 
@@ -38,8 +39,9 @@ class Analyzer:
     """Evaluates every enabled need against node and pool observations."""
 
     def __init__(self, settings: AnalyzerSettings, needs: list[NeedModule], store: AnalyzerStore,
-                 pools: PoolStore, bus: EventBus, keys: Keys) -> None:
+                 pools: PoolStore, bus: EventBus, keys: Keys, clock: Clock = now_utc) -> None:
         self.settings = settings
+        self.clock = clock
         self.needs = needs
         self.store = store
         self.pools = pools
@@ -56,7 +58,7 @@ class Analyzer:
         recent = await self.recent_fatal(batch, runs)
         pool_load = {
             (p.cluster_id, p.pool): p.effective_utilization_pct
-            for p in await self.pools.observe_pools(now_utc())
+            for p in await self.pools.observe_pools(self.clock())
         } if any(m.level == "node" and m.stateful for m in self.needs) else {}
         await self.evaluate_nodes([
             NodeObservation(
@@ -75,16 +77,17 @@ class Analyzer:
         """Per sample, each faulty GPU's earlier fatal episodes within the repeat window, for
         the escalation of a GPU that keeps failing (e.g. 5 in 24 h: replace it)."""
         args = self.settings.offline.faults
-        items: list[tuple[str, str, int, str, bool]] = []
+        items: list[FatalEpisode] = []
         owners: list[tuple[int, int]] = []
         for i, (sample, run) in enumerate(zip(batch.samples, runs, strict=True)):
             fatal = classify(sample.faults, (), args).fatal_by_gpu
             for gpu in fatal:
                 # The episode is named by the sample that started the run of faulty reports.
                 episode = f"{sample.node_id}:{gpu}:{sample.report_event_id if run == 1 else ''}"
-                items.append((sample.cluster_id, sample.node_id, gpu, episode, run == 1))
+                items.append(FatalEpisode(sample.cluster_id, sample.node_id, gpu, episode,
+                                          starts_now=run == 1))
                 owners.append((i, gpu))
-        counts = await self.store.fatal_episodes(items, now_utc().timestamp(),
+        counts = await self.store.fatal_episodes(items, self.clock().timestamp(),
                                                  args.repeat_window_s)
         recent: list[dict[int, int]] = [{} for _ in batch.samples]
         for (i, gpu), count in zip(owners, counts, strict=True):
@@ -104,7 +107,7 @@ class Analyzer:
 
     async def evaluate_nodes(self, observations: list[NodeObservation],
                              from_samples: bool) -> None:
-        now = now_utc()
+        now = self.clock()
         raised: list[OpsNeed] = []
         for module in self.needs:
             if module.level != "node":
@@ -125,7 +128,7 @@ class Analyzer:
         """One pool period: publish each pool's health, then run the cluster-level needs."""
         if not await self.pools.try_lock_tick("pools", self.settings.pool_period_s * 0.9):
             return  # another analyzer instance analyses this period
-        now = now_utc()
+        now = self.clock()
         observations = await self.pools.observe_pools(now)
         for pool in observations:
             await self.pools.record_utilization(pool)

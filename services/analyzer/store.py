@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 from redis.asyncio import Redis
@@ -52,6 +53,17 @@ return out
 """
 
 
+@dataclass(frozen=True)
+class FatalEpisode:
+    """One GPU's run of faulty reports with a fatal fault, named by the report that began it."""
+
+    cluster: str
+    node: str
+    gpu: int
+    episode_id: str
+    starts_now: bool  # this report began the run, so the episode is recorded now
+
+
 class AnalyzerStore:
     """Small, idempotent facts the analyzer keeps between events."""
 
@@ -73,19 +85,19 @@ class AnalyzerStore:
         args.append(self.run_ttl_s)
         return [int(v) for v in await self._runs(keys=keys, args=args)]
 
-    async def fatal_episodes(self, items: list[tuple[str, str, int, str, bool]], now: float,
+    async def fatal_episodes(self, items: list[FatalEpisode], now: float,
                              window_s: float) -> list[int]:
-        """Per (cluster, node, gpu, episode id, starts now): fatal episodes in the window.
+        """Per episode: the fatal episodes of its GPU in the window, itself included.
 
         An episode is a run of consecutive faulty reports, recorded once when it starts, so
         a fault repeated in every report (or replayed) counts once.
         """
         if not items:
             return []
-        keys = [f"{self.keys.prefix}gpufatal:{c}:{n}:{g}" for c, n, g, _, _ in items]
+        keys = [f"{self.keys.prefix}gpufatal:{e.cluster}:{e.node}:{e.gpu}" for e in items]
         args: list[str | float | int] = [now - window_s, now, int(window_s) + 60]
-        for _, _, _, episode, starts in items:
-            args += [episode, 1 if starts else 0]
+        for e in items:
+            args += [e.episode_id, 1 if e.starts_now else 0]
         return [int(v) for v in await self._episodes(keys=keys, args=args)]
 
     async def open_need(self, cluster: str, kind: str, target: str, ttl_s: int) -> bool:

@@ -19,7 +19,7 @@ from typing import Any, Final
 
 from redis.asyncio import Redis
 
-from services.analyzer.needs.hysteresis import BandArgs
+from schemas.ranges import BandArgs
 from services.api.cluster import ClusterReader, HistoryPoint, Resolution
 from services.executor.cluster_view import ClusterView
 from services.shared.redis_client import Keys

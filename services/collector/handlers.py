@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 from uuid import uuid4
 
+from aiokafka.structs import ConsumerRecord
 from faststream.kafka import KafkaMessage
 from opentelemetry import metrics, trace
 from pydantic import ValidationError
@@ -29,6 +31,7 @@ from schemas.topics import Topic
 from services.collector import policy
 from services.collector.settings import CollectorSettings
 from services.collector.store import NodeStore, ProbeStore, epoch_to_datetime
+from services.shared.clock import Clock
 from services.shared.deadletter import DeadLetterPolicy, classify, records_of
 from services.shared.errors import PermanentError
 from services.shared.messaging import BulkPublisher, EventBus, parse_event
@@ -36,6 +39,21 @@ from services.shared.signing import CommandSigner
 
 log = logging.getLogger("clusterwarden.collector")
 SOURCE = "collector"
+
+
+@dataclass(frozen=True)
+class UsableReport:
+    """A report fit for decisions, with what it implies and the Kafka record it came in."""
+
+    report: NodeReport
+    state: NodeStateName
+    record: ConsumerRecord[Any, Any]
+    sample: Sample
+
+    @property
+    def partition(self) -> int:
+        """The reports partition it was read from, which its sample keeps (see batch_samples)."""
+        return int(self.record.partition)
 
 
 class Collector:
@@ -51,8 +69,10 @@ class Collector:
         meter: metrics.Meter,
         probes: ProbeStore | None = None,
         prober: Prober | None = None,
+        clock: Clock = now_utc,
     ) -> None:
         self.settings = settings
+        self.clock = clock
         self.probes = probes
         self.prober = prober
         self.store = store
@@ -65,10 +85,8 @@ class Collector:
 
     async def on_reports(self, bodies: list[bytes], msg: KafkaMessage) -> None:
         """A batch of raw reports: each one is validated on its own, bad ones dead-lettered."""
-        now = now_utc()
-        usable: list[tuple[NodeReport, NodeStateName, float]] = []
-        records: list[Any] = []
-        summaries: list[tuple[int, Sample]] = []
+        now = self.clock()
+        usable: list[UsableReport] = []
         outcomes: Counter[str] = Counter()
         for record in records_of(msg.raw_message):
             try:
@@ -89,44 +107,41 @@ class Collector:
                             report.event_id, report.node_id, verdict)
                 outcomes[verdict] += 1
                 continue
-            summary = policy.summarize(report, SOURCE, now)
-            summaries.append((record.partition, summary))
-            records.append(record)
-            usable.append((report, state_from_mode(report.mode),
-                           summary.gpu_utilization_pct))
+            usable.append(UsableReport(report, state_from_mode(report.mode), record,
+                                       policy.summarize(report, SOURCE, now)))
         if usable:
-            await self.apply(usable, records, summaries, outcomes, now)
+            await self.apply(usable, outcomes, now)
         for outcome, count in outcomes.items():
             self.reports_counter.add(count, {"outcome": outcome})
 
-    async def apply(self, usable: list[tuple[NodeReport, NodeStateName, float]],
-                    records: list[Any], summaries: list[tuple[int, Sample]],
-                    outcomes: Counter[str], now: datetime) -> None:
+    async def apply(self, usable: list[UsableReport], outcomes: Counter[str],
+                    now: datetime) -> None:
         """Apply valid reports to node state; publish their samples and state transitions."""
-        applied = await self.store.apply_reports(usable, self.settings.suspect_after_intervals)
+        applied = await self.store.apply_reports(
+            [(u.report, u.state, u.sample.gpu_utilization_pct) for u in usable],
+            self.settings.suspect_after_intervals)
         samples: list[tuple[int, Sample]] = []
         transitions: list[NodeState] = []
-        for (report, state, _), record, summary, result in zip(
-            usable, records, summaries, applied, strict=True
-        ):
+        for u, result in zip(usable, applied, strict=True):
+            report, state = u.report, u.state
             outcomes[result.outcome] += 1
             if result.outcome == "unknown":
                 # Quarantined, not registered: a node must be enrolled before it counts.
                 await self.dead_letters.dead_letter(
-                    record, "unknown_node",
+                    u.record, "unknown_node",
                     f"node {report.node_id!r} is not registered in cluster {report.cluster_id!r}")
                 continue
             if result.outcome == "old":
                 continue  # an older report than one already applied: not used for decisions
+            sample = u.sample
             if result.failed_probes:
-                partition, sample = summary
                 probe_fault = Fault(kind="probe_failed", detail=(
                     f"{result.failed_probes} centre probe(s) in a row unanswered"))
-                summary = (partition, sample.model_copy(update={
+                sample = sample.model_copy(update={
                     "faults": [*sample.faults, probe_fault],
                     "fault_count": sample.fault_count + 1,
-                }))
-            samples.append(summary)
+                })
+            samples.append((u.partition, sample))
             if result.previous != state:
                 transitions.append(
                     NodeState(
@@ -148,7 +163,7 @@ class Collector:
                                     policy.batch_samples(samples, SOURCE, now))
         if self.prober is not None:
             await self.prober.steer_intervals(
-                [report for (report, _, _), result in zip(usable, applied, strict=True)
+                [u.report for u, result in zip(usable, applied, strict=True)
                  if result.outcome == "ok"], now)
         await self.bus.publish_many(Topic.OPS_NODE_STATE, transitions)
 
@@ -157,7 +172,7 @@ class Collector:
         interval = self.settings.sweep_interval_s
         if not await self.store.try_lock_sweep("heartbeat", interval * 0.9):
             return  # another collector instance sweeps this tick
-        now = now_utc()
+        now = self.clock()
         with self.tracer.start_as_current_span("collector.sweep_heartbeats"):
             for cluster in await self.store.clusters():
                 changes: list[NodeState] = []
@@ -210,8 +225,9 @@ class Prober:
     """
 
     def __init__(self, settings: CollectorSettings, probes: ProbeStore, nodes: NodeStore,
-                 signer: CommandSigner, bus: EventBus) -> None:
+                 signer: CommandSigner, bus: EventBus, clock: Clock = now_utc) -> None:
         self.settings = settings
+        self.clock = clock
         self.probes = probes
         self.nodes = nodes
         self.signer = signer
@@ -221,7 +237,7 @@ class Prober:
         """Fail expired probes, then send the probes that are due."""
         if not await self.nodes.try_lock_sweep("probes", self.settings.sweep_interval_s * 0.9):
             return
-        now = now_utc()
+        now = self.clock()
         for command_id in await self.probes.expired(now):
             ended = await self.probes.end(command_id, answered=False, now=now)
             if ended is not None:
@@ -265,5 +281,5 @@ class Prober:
 
     async def on_result(self, result: CommandResult) -> None:
         """Any answer to a pending probe (even a rejection) proves the command path works."""
-        await self.probes.end(str(result.command_id), answered=True, now=now_utc(),
+        await self.probes.end(str(result.command_id), answered=True, now=self.clock(),
                               sent_at=result.occurred_at)

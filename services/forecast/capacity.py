@@ -21,7 +21,7 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.analyzer.needs.hysteresis import BandArgs, Side
+from schemas.ranges import BandArgs, Side
 from services.forecast.model import Forecast, ForecastPoint, ModelKind
 
 Basis = Literal["mean", "upper_80", "upper_95"]

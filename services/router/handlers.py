@@ -20,7 +20,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from uuid import UUID, uuid4
@@ -59,6 +59,7 @@ from services.router.registry import (
 )
 from services.router.settings import RouterSettings
 from services.router.stats_store import StatsStore, begin_writes, is_arm, optimistic
+from services.shared.clock import EpochClock
 from services.shared.deadletter import DeadLetterPolicy, classify, records_of
 from services.shared.errors import PermanentError
 from services.shared.messaging import EventBus, parse_event
@@ -103,7 +104,7 @@ class Router:
     def __init__(self, settings: RouterSettings, redis: Redis, keys: Keys, bus: EventBus,
                  signer: CommandSigner, registry: Registry, stats: StatsStore, *,
                  rng: random.Random | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: EpochClock = time.time) -> None:
         self.settings = settings
         self.config = settings.policy
         self.redis = redis

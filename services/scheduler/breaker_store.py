@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from redis.asyncio import Redis
 
@@ -20,6 +21,8 @@ from schemas.events.v1 import OpsTask
 from services.scheduler import breaker
 from services.scheduler.breaker import BreakerConfig, BreakerState, Decision, Outcome
 from services.shared.audit import AuditLog, AuditRecord, Role, VersionedWrite
+from services.shared.clock import EpochClock
+from services.shared.errors import INFRASTRUCTURE_ERRORS
 from services.shared.locks import Locks
 from services.shared.redis_client import Keys, text
 
@@ -44,6 +47,10 @@ redis.call('HSET', KEYS[1], 'version', current + 1, unpack(ARGV, 4))
 return 1
 """
 
+# What a CAS write did, by the script's answer.
+Write = Literal["written", "moved_on", "already_recorded"]
+_WRITES: dict[int, Write] = {1: "written", 0: "moved_on", -1: "already_recorded"}
+
 REQUEUE = """
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end
 redis.call('ZADD', KEYS[2], redis.call('HGET', KEYS[3], ARGV[1]) or 0, ARGV[1])
@@ -53,6 +60,10 @@ return 1
 
 class BreakerUnreadable(Exception):
     """The breaker's hash could not be read or parsed."""
+
+
+# What admitting fails closed on: the state unreadable, or Redis not answering the trial's write.
+ADMIT_UNREADABLE: tuple[type[BaseException], ...] = (BreakerUnreadable, *INFRASTRUCTURE_ERRORS)
 
 
 @dataclass(frozen=True)
@@ -110,7 +121,7 @@ class BreakerStore:
     """Reads and changes breakers atomically; unreadable means closed to automation."""
 
     def __init__(self, redis: Redis, keys: Keys, config_for: Callable[[str], BreakerConfig],
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: EpochClock = time.time) -> None:
         self.redis = redis
         self.keys = keys
         self._config_for_kind = config_for
@@ -143,16 +154,16 @@ class BreakerStore:
         """The breaker's state and version; raises BreakerUnreadable."""
         try:
             raw = await self.redis.hgetall(self.key(cluster, kind))
-        except Exception as err:
+        except INFRASTRUCTURE_ERRORS as err:
             raise BreakerUnreadable(repr(err)) from err
         return decode({text(k): text(v) for k, v in raw.items()})
 
     async def _write(self, cluster: str, kind: str, version: int, state: BreakerState,
-                     dedupe_task: str = "") -> int:
-        return int(await self._cas(
+                     dedupe_task: str = "") -> Write:
+        return _WRITES[int(await self._cas(
             keys=[self.key(cluster, kind), self._dedupe_key(dedupe_task or "-")],
             args=[version, "1" if dedupe_task else "0", DEDUPE_TTL_MS, *encode(state)],
-        ))
+        ))]
 
     async def admit(self, cluster: str, kind: str,
                     task_id: str) -> tuple[Decision, BreakerState | None]:
@@ -169,12 +180,13 @@ class BreakerStore:
                 if not decision.half_open_trial:
                     return decision, state
                 trial = breaker.begin_trial(state, task_id, now)
-                if await self._write(cluster, kind, version, trial) == 1:
+                if await self._write(cluster, kind, version, trial) == "written":
                     log.warning("breaker %s/%s half-open: task %s is the trial",
                                 cluster, kind, task_id)
                     return decision, trial
-            except Exception as err:
-                # Fail closed: without the breaker's state nothing of its kind runs.
+            except ADMIT_UNREADABLE as err:
+                # Fail closed: without the breaker's state nothing of its kind runs. Any other
+                # error is a bug: it propagates rather than hold the kind back for ever.
                 log.warning("breaker %s/%s unreadable: %r", cluster, kind, err)
                 return Decision(allowed=False, reason=UNREADABLE), None
         return Decision(allowed=False, reason="breaker busy; retried next tick"), None
@@ -187,9 +199,9 @@ class BreakerStore:
             state, version = await self.load(cluster, kind)
             after = breaker.record(state, outcome, self.clock(), config)
             written = await self._write(cluster, kind, version, after, outcome.task_id)
-            if written == -1:
+            if written == "already_recorded":
                 return None
-            if written == 1:
+            if written == "written":
                 return state, after
         raise BreakerUnreadable(f"breaker {cluster}/{kind} kept changing; retry later")
 
@@ -205,7 +217,7 @@ class BreakerStore:
             after = breaker.release_trial(state, task_id)
             if after == state:
                 return False
-            if await self._write(cluster, kind, version, after) == 1:
+            if await self._write(cluster, kind, version, after) == "written":
                 log.warning("breaker %s/%s: trial %s not counted; back to open",
                             cluster, kind, task_id)
                 return True

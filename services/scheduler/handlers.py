@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Literal
 from uuid import uuid4, uuid5
 
@@ -30,10 +31,11 @@ from services.scheduler import policy, safety
 from services.scheduler.breaker import BreakerState, Outcome, breaker_name
 from services.scheduler.breaker_store import BreakerReset, BreakerStore
 from services.scheduler.queue import TaskQueue
-from services.scheduler.rate_limit import RateLimiter
+from services.scheduler.rate_limit import RateLimiter, RateLimitUnreadable
 from services.scheduler.safety import Verdict
-from services.scheduler.safety_store import SafetyStore
+from services.scheduler.safety_store import SafetyStore, SafetyUnreadable
 from services.scheduler.settings import SchedulerSettings
+from services.shared.clock import Clock
 from services.shared.locks import lock_ttl_s
 from services.shared.messaging import EventBus
 
@@ -87,11 +89,11 @@ class Tick:
 
 
 def task_event(task: OpsTask, state: TaskState, previous: TaskState | None, reason: str,
-               discriminator: str = "") -> TaskEvent:
-    """A transition of `task`, with an id that is the same if the transition is replayed."""
+               at: datetime, discriminator: str = "") -> TaskEvent:
+    """A transition of `task` at `at`, with an id that is the same if it is replayed."""
     return TaskEvent(
         event_id=uuid5(ids.TASK_EVENTS, f"{task.task_id}:{state}:{discriminator}"),
-        source=SOURCE, occurred_at=now_utc(), cluster_id=task.cluster_id,
+        source=SOURCE, occurred_at=at, cluster_id=task.cluster_id,
         subject=str(task.task_id), correlation_id=str(task.need_id),
         task_id=task.task_id, parent_task_id=task.parent_task_id,
         state=state, previous_state=previous, actor=SOURCE, reason=reason,
@@ -103,13 +105,14 @@ class Scheduler:
 
     def __init__(self, settings: SchedulerSettings, queue: TaskQueue, bus: EventBus,
                  breakers: BreakerStore, safety_store: SafetyStore,
-                 rate_limiter: RateLimiter) -> None:
+                 rate_limiter: RateLimiter, clock: Clock = now_utc) -> None:
         self.settings = settings
         self.queue = queue
         self.bus = bus
         self.breakers = breakers
         self.safety = safety_store
         self.rate_limiter = rate_limiter
+        self.clock = clock
 
     def breaker_of(self, task: OpsTask) -> str:
         """The name of the breaker `task` counts against in its cluster."""
@@ -124,14 +127,15 @@ class Scheduler:
         # Published even for a redelivered task: its id is fixed, so consumers dedupe it, and a
         # crash between the enqueue and this publish cannot lose the transition.
         await self.bus.publish(
-            Topic.OPS_TASK_EVENTS, task_event(task, "queued", "created", "queued by priority")
+            Topic.OPS_TASK_EVENTS, task_event(task, "queued", "created", "queued by priority",
+                                                self.clock())
         )
         if new:
             log.info("queued task %s (priority %s)", task.task_id, task.priority)
 
     async def dispatch(self) -> None:
         """One dispatcher tick: requeue expired leases, then dispatch what can run."""
-        now_ms = int(now_utc().timestamp() * 1000)
+        now_ms = int(self.clock().timestamp() * 1000)
         if reaped := await self.queue.reap(now_ms):
             log.warning("requeued %d task(s) whose dispatcher did not finish", reaped)
         lease_ms = int(self.settings.lease_s * 1000)
@@ -161,13 +165,13 @@ class Scheduler:
             await self.bus.publish(
                 Topic.OPS_TASK_EVENTS,
                 task_event(task, "dispatched", "queued", f"locks {task.mutex_keys} held; "
-                           f"epoch {epoch}", str(epoch)),
+                           f"epoch {epoch}", self.clock(), str(epoch)),
             )
             await self.bus.publish(
                 Topic.OPS_TASKS_SCHEDULED,
                 TaskScheduled(
                     event_id=uuid5(ids.TASK_EVENTS, f"{task.task_id}:scheduled:{epoch}"),
-                    source=SOURCE, occurred_at=now_utc(), cluster_id=task.cluster_id,
+                    source=SOURCE, occurred_at=self.clock(), cluster_id=task.cluster_id,
                     subject=str(task.task_id), correlation_id=str(task.need_id),
                     task=task, epoch=epoch,
                 ),
@@ -222,14 +226,15 @@ class Scheduler:
         The budget is checked and the task counted in one atomic step ("counted"), so two
         schedulers cannot both take the pool's last place.
         """
-        now = now_utc()
+        now = self.clock()
         budgeted = task.kind in self.settings.budget_kinds
         try:
             health = await self.safety.load_health(task.cluster_id, task.pool)
             target_state = (await self.safety.node_state(task.cluster_id, task.target)
                             if budgeted else None)
-        except Exception as err:
-            # Fail closed: without the pool's health nothing runs.
+        except SafetyUnreadable as err:
+            # Fail closed: without the pool's health nothing runs. Only an unreadable state is
+            # caught: a bug propagates rather than hold every task of the pool for ever.
             log.warning("task %s held back: pool safety state unreadable: %r",
                         task.task_id, err)
             return "refused"
@@ -253,7 +258,7 @@ class Scheduler:
         try:
             admission = await self.safety.admit_in_flight(task, capacity, lapses_at_s,
                                                           now.timestamp())
-        except Exception as err:
+        except SafetyUnreadable as err:
             log.warning("task %s held back: offline budget unreadable: %r", task.task_id, err)
             return "refused"
         if not admission.admitted:
@@ -277,7 +282,7 @@ class Scheduler:
             return False
         try:
             decision = await self.rate_limiter.take(*key)
-        except Exception as err:
+        except RateLimitUnreadable as err:
             # Fail closed, like every other limit.
             log.warning("task %s held back: rate limit %s/%s unreadable: %r",
                         task.task_id, *key, err)
@@ -298,7 +303,7 @@ class Scheduler:
             return
         key = dedup_key("short-circuit", cluster, pool)
         await self.bus.publish(Topic.OPS_ALERTS, Alert(
-            event_id=uuid4(), source=SOURCE, occurred_at=now_utc(), cluster_id=cluster,
+            event_id=uuid4(), source=SOURCE, occurred_at=self.clock(), cluster_id=cluster,
             subject=key, severity="critical", kind="short_circuit", dedup_key=key,
             message=short_text(f"automation held back on pool {pool}: {verdict.reason}"),
         ))
@@ -368,7 +373,7 @@ class Scheduler:
         # as far as any deduplicating consumer is concerned.
         await self.bus.publish(Topic.OPS_ALERTS, Alert(
             event_id=uuid5(ids.BREAKER_ALERTS, f"{key}:{state.openings}"),
-            source=SOURCE, occurred_at=now_utc(), cluster_id=cluster, subject=key,
+            source=SOURCE, occurred_at=self.clock(), cluster_id=cluster, subject=key,
             severity="critical", kind="breaker_open", dedup_key=key,
             message=short_text(f"circuit breaker for {name} on {cluster} is open after "
                                f"{sum(state.window)} failure(s) in the last "

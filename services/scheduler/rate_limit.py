@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
+from services.shared.clock import EpochClock
+from services.shared.errors import INFRASTRUCTURE_ERRORS
 from services.shared.redis_client import Keys, text
 
 # KEYS[1] bucket hash {tokens, at}; ARGV[1] rate per s, ARGV[2] burst, ARGV[3] now (epoch s),
@@ -58,11 +59,15 @@ class RateDecision:
     retry_after_s: float = 0.0
 
 
+class RateLimitUnreadable(Exception):
+    """The bucket could not be read or changed: Redis did not answer."""
+
+
 class RateLimiter:
     """Token buckets per (cluster, kind), shared by every scheduler through Redis."""
 
     def __init__(self, redis: Redis, keys: Keys, rate_per_s: float, burst: int,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: EpochClock = time.time) -> None:
         if rate_per_s <= 0 or burst < 1:
             raise ValueError("a token bucket needs a positive rate and a burst of at least 1")
         self.redis = redis
@@ -75,11 +80,14 @@ class RateLimiter:
         self._ttl_ms = math.ceil(burst / rate_per_s * 1000) + 1000
 
     async def take(self, cluster: str, kind: str) -> RateDecision:
-        """Take one token of (cluster, kind) if there is one."""
-        taken, left = await self._take(
-            keys=[self.keys.rate_bucket(cluster, kind)],
-            args=[repr(self.rate_per_s), self.burst, repr(self.clock()), self._ttl_ms],
-        )
+        """Take one token of (cluster, kind) if there is one; raises RateLimitUnreadable."""
+        try:
+            taken, left = await self._take(
+                keys=[self.keys.rate_bucket(cluster, kind)],
+                args=[repr(self.rate_per_s), self.burst, repr(self.clock()), self._ttl_ms],
+            )
+        except INFRASTRUCTURE_ERRORS as err:
+            raise RateLimitUnreadable(repr(err)) from err
         tokens = float(text(left))
         if int(taken) == 1:
             return RateDecision(allowed=True, tokens=tokens)

@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from pydantic import ValidationError
 from redis.asyncio import Redis
 
 from schemas.events.v1 import OpsTask, PoolHealth
+from services.shared.errors import INFRASTRUCTURE_ERRORS
 from services.shared.redis_client import Keys, text
 
 # Task id -> (cluster, pool), so a final TaskEvent (which carries no pool) finds its entry;
@@ -47,7 +49,11 @@ class BudgetAdmission:
 
 
 class SafetyUnreadable(Exception):
-    """Pool health or the in-flight count could not be read."""
+    """What the pool limits decide on could not be read: Redis did not answer, or the stored
+    health does not decode. Any other error is a bug and is not turned into this."""
+
+
+HEALTH_UNREADABLE: tuple[type[BaseException], ...] = (*INFRASTRUCTURE_ERRORS, ValidationError)
 
 
 class SafetyStore:
@@ -60,8 +66,12 @@ class SafetyStore:
         self._admit = redis.register_script(ADMIT_IN_FLIGHT)
 
     async def node_state(self, cluster: str, node: str) -> str | None:
-        """The node's state as the collector keeps it (None if unknown)."""
-        value = await self.redis.hget(self.keys.node(cluster, node), "state")
+        """The node's state as the collector keeps it (None if unknown); raises
+        SafetyUnreadable."""
+        try:
+            value = await self.redis.hget(self.keys.node(cluster, node), "state")
+        except INFRASTRUCTURE_ERRORS as err:
+            raise SafetyUnreadable(repr(err)) from err
         return text(value) if value is not None else None
 
     def health_key(self, cluster: str, pool: str) -> str:
@@ -97,7 +107,7 @@ class SafetyStore:
         try:
             raw = await self.redis.get(self.health_key(cluster, pool))
             return None if raw is None else PoolHealth.model_validate_json(raw)
-        except Exception as err:
+        except HEALTH_UNREADABLE as err:
             raise SafetyUnreadable(repr(err)) from err
 
     async def in_flight(self, cluster: str, pool: str, now_s: float) -> int:
@@ -105,21 +115,25 @@ class SafetyStore:
         try:
             return int(await self.redis.zcount(self.in_flight_key(cluster, pool),
                                                f"({now_s}", "+inf"))
-        except Exception as err:
+        except INFRASTRUCTURE_ERRORS as err:
             raise SafetyUnreadable(repr(err)) from err
 
     async def admit_in_flight(self, task: OpsTask, capacity: int, lapses_at_s: float,
                               now_s: float) -> BudgetAdmission:
         """Count the task against its pool's budget if fewer than `capacity` are in flight.
 
-        Lapsed entries (tasks whose end was never seen) are dropped first.
+        Lapsed entries (tasks whose end was never seen) are dropped first. Raises
+        SafetyUnreadable.
         """
-        outcome, count = await self._admit(
-            keys=[self.in_flight_key(task.cluster_id, task.pool),
-                  self._task_key(str(task.task_id))],
-            args=[str(task.task_id), capacity, repr(lapses_at_s), repr(now_s),
-                  f"{task.cluster_id} {task.pool}", INDEX_TTL_S],
-        )
+        try:
+            outcome, count = await self._admit(
+                keys=[self.in_flight_key(task.cluster_id, task.pool),
+                      self._task_key(str(task.task_id))],
+                args=[str(task.task_id), capacity, repr(lapses_at_s), repr(now_s),
+                      f"{task.cluster_id} {task.pool}", INDEX_TTL_S],
+            )
+        except INFRASTRUCTURE_ERRORS as err:
+            raise SafetyUnreadable(repr(err)) from err
         return BudgetAdmission(_ADMISSIONS[int(outcome)], int(count))
 
     async def release_in_flight(self, task: OpsTask) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Literal, cast
 
@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 from redis.asyncio import Redis
 
 from schemas.envelope import SHORT_TEXT_MAX, Identifier, Reason, ShortText
+from services.shared.clock import EpochClock
 from services.shared.redis_client import Keys, text
 
 GENESIS = "0" * 64
@@ -121,7 +122,7 @@ class AuditLog:
     """Appends to and verifies the hash-chained audit stream."""
 
     def __init__(self, redis: Redis, keys: Keys,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: EpochClock = time.time) -> None:
         self.redis = redis
         self.keys = keys
         self.clock = clock

@@ -1,31 +1,14 @@
-"""Shared by the stateful needs: a band with enter/exit thresholds and a hold, episodes and
-their ids."""
+"""Shared by the stateful needs: which side of a band a value is on (the band and its hold,
+`BandArgs`, live in schemas/ranges.py), conditions that must hold, episodes and their ids."""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
 from uuid import UUID, uuid5
 
-from pydantic import ConfigDict, Field
-
 from schemas.events.v1 import Evidence, NeedKind, NeedLevel, OpsNeed
-from schemas.ranges import Band
+from schemas.ranges import Band, Side
 from services.analyzer.conditions import ConditionState, held_for
-
-Side = Literal["high", "low"]
-
-
-class BandArgs(Band):
-    """A range the analyzer checks (the contract's `Band`) and how long a value must be out
-    of it before it is a need. Read from the environment, so not strict like the wire."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
-
-    hold_s: float = Field(
-        default=60.0, ge=0.0, le=86_400.0,
-        description="The condition must hold this long before it is a need (a spike is not).",
-    )
 
 
 def band_side(

@@ -10,9 +10,9 @@ from pydantic import Field, model_validator
 from schemas import ids
 from schemas.envelope import short_text
 from schemas.events.v1 import Evidence
+from schemas.ranges import BandArgs
 from services.analyzer.conditions import ConditionState, Evaluation
 from services.analyzer.needs.hysteresis import (
-    BandArgs,
     advance,
     band_detail,
     band_side,

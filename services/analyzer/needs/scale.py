@@ -10,10 +10,9 @@ from typing import Final
 from schemas import ids
 from schemas.envelope import short_text
 from schemas.events.v1 import Evidence, NeedKind
+from schemas.ranges import BandArgs, Side
 from services.analyzer.conditions import ConditionState, Evaluation
 from services.analyzer.needs.hysteresis import (
-    BandArgs,
-    Side,
     advance,
     band_detail,
     band_side,

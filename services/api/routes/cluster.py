@@ -10,8 +10,8 @@ from pydantic import BaseModel, Field
 
 from schemas.envelope import Identifier, reason_text
 from schemas.events.v1 import now_utc
+from schemas.ranges import BandArgs
 from schemas.topics import Topic
-from services.analyzer.needs.hysteresis import BandArgs
 from services.api import forecasting
 from services.api.bodies import ReasonBody
 from services.api.cluster import (

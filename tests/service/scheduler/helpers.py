@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from uuid import UUID, uuid4
 
 from schemas.envelope import Envelope
@@ -32,6 +32,10 @@ class Clock:
     def advance(self, seconds: float) -> None:
         self.now += seconds
 
+    def utc(self) -> datetime:
+        """The same time as an aware datetime (a `Clock`, where the stores take epoch seconds)."""
+        return datetime.fromtimestamp(self.now, UTC)
+
 
 class RecordingBus(EventBus):
     """An EventBus that keeps what is published instead of sending it."""
@@ -58,24 +62,24 @@ def task(target: str, kind: str | None = None, cluster: str = "local",
 
 
 def final_event(task_id: UUID, state: TaskState, cause: str | None = None,
-                cluster: str = "local", **outputs: OutputValue) -> TaskEvent:
-    """The executor's final event of a task; a failure carries its `cause`."""
+                cluster: str = "local", *, at: datetime, **outputs: OutputValue) -> TaskEvent:
+    """The executor's final event of a task at `at`; a failure carries its `cause`."""
     if cause is not None:
         outputs["cause"] = cause
     return TaskEvent(
-        event_id=uuid4(), source="executor", occurred_at=now_utc(), cluster_id=cluster,
+        event_id=uuid4(), source="executor", occurred_at=at, cluster_id=cluster,
         subject=str(task_id), task_id=task_id, state=state, previous_state="running",
         actor="executor", reason=f"task {state}", outputs=outputs)
 
 
-def pool_health(states: dict[NodeStateName, int], cluster: str = "local",
+def pool_health(states: dict[NodeStateName, int], at: datetime, cluster: str = "local",
                 pool: str = "default", age_s: float = 0.0) -> PoolHealth:
-    """A pool's health as the analyzer would publish it now."""
+    """A pool's health as the analyzer would publish it at `at`."""
     total = sum(states.values())
     counted = total - states.get("offline", 0)
     unhealthy = states.get("suspect", 0) + states.get("down", 0)
     return PoolHealth(
-        event_id=uuid4(), source="analyzer", occurred_at=now_utc() - timedelta(seconds=age_s),
+        event_id=uuid4(), source="analyzer", occurred_at=at - timedelta(seconds=age_s),
         cluster_id=cluster, subject=pool, pool=pool, nodes_total=total, nodes_by_state=states,
         unhealthy_fraction=unhealthy / counted if counted else 0.0, gpu_utilization_pct=50.0,
         effective_utilization_pct=50.0)

@@ -1,24 +1,26 @@
 """The scheduler's limits end to end on the real redis-server (the bus only records):
 breakers keyed on task.kind (per cluster or per node), agent rejections left out of the
-count, the offline budget and the rate limit holding tasks in the queue."""
+count, the offline budget and the rate limit holding tasks in the queue; a limit Redis cannot
+answer for holding them too, and a bug in a limit propagating instead."""
 
 from __future__ import annotations
 
-import time
-from typing import Any
+import socket
+from collections.abc import AsyncIterator
+from typing import Any, NoReturn
 
 import pytest
 from redis.asyncio import Redis
 
 from schemas.events.v1 import Alert, OpsTask, TaskScheduled
 from schemas.topics import Topic
-from services.scheduler.breaker_store import BreakerStore
+from services.scheduler.breaker_store import UNREADABLE, BreakerStore
 from services.scheduler.handlers import Scheduler
 from services.scheduler.queue import TaskQueue
 from services.scheduler.rate_limit import RateLimiter
-from services.scheduler.safety_store import SafetyStore
+from services.scheduler.safety_store import ADMIT_IN_FLIGHT, SafetyStore
 from services.scheduler.settings import SchedulerSettings
-from services.shared.redis_client import Keys
+from services.shared.redis_client import Keys, connect_redis
 from tests.service.scheduler.helpers import Clock, RecordingBus, final_event, pool_health, task
 
 
@@ -28,7 +30,8 @@ def scheduler(redis: Redis, keys: Keys, clock: Clock, **settings: Any) -> Schedu
                      BreakerStore(redis, keys, config.breaker_config, clock=clock),
                      SafetyStore(redis, keys, config.pool_health_ttl_s),
                      RateLimiter(redis, keys, config.rate_per_s, config.rate_burst,
-                                 clock=clock))
+                                 clock=clock),
+                     clock=clock.utc)
 
 
 def bus(s: Scheduler) -> RecordingBus:
@@ -48,7 +51,7 @@ def alerts(s: Scheduler) -> list[Alert]:
 
 async def queue(s: Scheduler, *tasks: OpsTask) -> None:
     # Fresh health every time: the scheduler refuses health older than a minute.
-    await s.on_pool_health(pool_health({"up": 100}))  # a budget of 10
+    await s.on_pool_health(pool_health({"up": 100}, s.clock()))  # a budget of 10
     for t in tasks:
         await s.on_task(t)
 
@@ -57,7 +60,7 @@ async def fail(s: Scheduler, *tasks: OpsTask, cause: str = "failed") -> None:
     """The final events of tasks that ran (indexed as `on_task` indexes them) and failed."""
     for t in tasks:
         await s.breakers.remember_task(t)
-        await s.on_task_event(final_event(t.task_id, "failed", cause))
+        await s.on_task_event(final_event(t.task_id, "failed", cause, at=s.clock()))
 
 
 # ------------------------------------------------------------------ breaker scope and kind
@@ -103,7 +106,7 @@ async def test_without_the_index_the_executors_kind_output_names_the_breaker(
         redis: Redis, keys: Keys, clock: Clock) -> None:
     s = scheduler(redis, keys, clock)
     for _ in range(3):
-        await s.on_task_event(final_event(task("n").task_id, "failed", "timeout",
+        await s.on_task_event(final_event(task("n").task_id, "failed", "timeout", at=s.clock(),
                                           kind="remove_node", need_kind="scale_in"))
     assert (await s.breakers.load("local", "remove_node"))[0].status == "OPEN"
     assert (await s.breakers.load("local", "scale_in"))[1] == 0
@@ -178,7 +181,7 @@ async def test_the_rate_limit_holds_tasks_in_the_queue_until_a_token_is_due(
     assert len(first) == 2
     assert await s.queue.depth() == 1
     # The third was counted in the budget, then given its place back when refused a token.
-    assert await s.safety.in_flight("local", "default", time.time()) == 2
+    assert await s.safety.in_flight("local", "default", clock.now) == 2
     clock.advance(9.0)
     await s.dispatch()
     assert dispatched(s) == first
@@ -201,7 +204,7 @@ async def test_kinds_outside_the_rate_limit_take_no_token(
 async def test_offline_and_remove_node_tasks_share_the_pool_budget(
         redis: Redis, keys: Keys, clock: Clock) -> None:
     s = scheduler(redis, keys, clock)
-    await s.on_pool_health(pool_health({"up": 10}))  # roundup(10%) = 1
+    await s.on_pool_health(pool_health({"up": 10}, s.clock()))  # roundup(10%) = 1
     budgeted = {"node-1": task("node-1"), "node-2": task("node-2", kind="remove_node")}
     for t in (*budgeted.values(), task("node-3", kind="migrate")):
         await s.on_task(t)
@@ -209,15 +212,86 @@ async def test_offline_and_remove_node_tasks_share_the_pool_budget(
     sent = dispatched(s)
     assert "node-3" in sent  # a migration spends no budget
     (first,) = set(sent) & set(budgeted)
-    await s.on_task_event(final_event(budgeted[first].task_id, "succeeded"))
+    await s.on_task_event(final_event(budgeted[first].task_id, "succeeded", at=s.clock()))
     await s.dispatch()
     assert set(dispatched(s)) == {"node-1", "node-2", "node-3"}
 
 
 async def test_a_budget_refusal_takes_no_token(redis: Redis, keys: Keys, clock: Clock) -> None:
     s = scheduler(redis, keys, clock, rate_burst=1)
-    await s.on_pool_health(pool_health({"up": 9, "down": 1}))  # budget used up by the down node
+    # The budget is used up by the down node.
+    await s.on_pool_health(pool_health({"up": 9, "down": 1}, s.clock()))
     await s.on_task(task("node-1"))
     await s.dispatch()
     assert dispatched(s) == []
     assert (await s.rate_limiter.take("local", "offline")).allowed
+
+
+# ------------------------------------------------------------------ outages and bugs
+
+
+@pytest.fixture
+async def down() -> AsyncIterator[Redis]:
+    """A client, made as the services make theirs, of a redis-server that is not there."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    client = connect_redis(f"redis://127.0.0.1:{port}/0")
+    yield client
+    await client.aclose()
+
+
+@pytest.mark.parametrize("limit", ["pool health", "budget", "rate limit"])
+async def test_a_limit_redis_cannot_answer_for_holds_the_task(
+        redis: Redis, keys: Keys, clock: Clock, down: Redis, limit: str) -> None:
+    s = scheduler(redis, keys, clock)
+    await queue(s, task("node-1"))
+    safety, rate_limiter = s.safety, s.rate_limiter
+    if limit == "pool health":
+        s.safety = SafetyStore(down, keys, s.settings.pool_health_ttl_s)
+    elif limit == "budget":
+        s.safety = SafetyStore(redis, keys, s.settings.pool_health_ttl_s)
+        s.safety._admit = down.register_script(ADMIT_IN_FLIGHT)
+    else:
+        s.rate_limiter = RateLimiter(down, keys, s.settings.rate_per_s, s.settings.rate_burst)
+    await s.dispatch()  # fails closed: no error, nothing dispatched
+    assert dispatched(s) == []
+    assert await s.queue.depth() == 1
+    assert await safety.in_flight("local", "default", clock.now) == 0  # no place kept
+    s.safety, s.rate_limiter = safety, rate_limiter  # Redis is back
+    await s.dispatch()
+    assert dispatched(s) == ["node-1"]
+
+
+async def test_a_breaker_redis_cannot_answer_for_is_closed(keys: Keys, clock: Clock,
+                                                          down: Redis) -> None:
+    store = BreakerStore(down, keys, SchedulerSettings().breaker_config, clock=clock)
+    decision, state = await store.admit("local", "offline", "task-1")
+    assert (decision.allowed, decision.reason, state) == (False, UNREADABLE, None)
+
+
+def bug(*_: object) -> NoReturn:
+    raise TypeError("unsupported operand type(s) for -: 'str' and 'float'")
+
+
+async def async_bug(*_: object) -> NoReturn:
+    bug()
+
+
+@pytest.mark.parametrize("limit", ["breaker", "pool health", "budget", "rate limit"])
+async def test_a_bug_in_a_limit_propagates_instead_of_holding_the_task(
+        redis: Redis, keys: Keys, clock: Clock, monkeypatch: pytest.MonkeyPatch,
+        limit: str) -> None:
+    s = scheduler(redis, keys, clock)
+    await queue(s, task("node-1"))
+    if limit == "breaker":
+        monkeypatch.setattr("services.scheduler.breaker.admits", bug)
+    elif limit == "pool health":
+        monkeypatch.setattr(s.safety, "load_health", async_bug)
+    elif limit == "budget":
+        monkeypatch.setattr(s.safety, "admit_in_flight", async_bug)
+    else:
+        monkeypatch.setattr(s.rate_limiter, "take", async_bug)
+    with pytest.raises(TypeError, match="unsupported operand"):
+        await s.dispatch()
+    assert dispatched(s) == []

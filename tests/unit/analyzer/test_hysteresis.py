@@ -6,8 +6,9 @@ from uuid import NAMESPACE_URL
 
 import pytest
 
+from schemas.ranges import BandArgs, Side
 from services.analyzer.conditions import ConditionState
-from services.analyzer.needs.hysteresis import BandArgs, Side, advance, band_side, episode_id
+from services.analyzer.needs.hysteresis import advance, band_side, episode_id
 from tests.unit.analyzer.timeline import T0, at
 
 BAND = BandArgs()  # 20-80 %, exits 25/75 %
