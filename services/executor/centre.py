@@ -28,7 +28,6 @@ from schemas import ids
 from schemas.envelope import short_text
 from schemas.events.v1 import (
     AddCapacity,
-    Clock,
     DrainNode,
     MigrateJob,
     MigrateJobs,
@@ -62,6 +61,7 @@ from services.executor.planning import (
 )
 from services.executor.ports import CentreResult, Completed, Failed, GuardCheck, Waiting
 from services.executor.settings import ExecutorSettings
+from services.shared.clock import Clock
 from services.shared.locks import job_lock, node_lock
 from services.shared.redis_client import Keys, text
 from services.shared.signing import ensure_keypair, key_id, load_private_key

@@ -17,7 +17,6 @@ from schemas.events.v1 import (
     Action,
     AddCapacity,
     Cancel,
-    Clock,
     CommandPayload,
     MigrateJobs,
     QueryStatus,
@@ -30,6 +29,7 @@ from services.executor.events import SOURCE
 from services.executor.journal import Journal, Workflow
 from services.executor.ports import Publisher
 from services.executor.settings import ExecutorSettings
+from services.shared.clock import Clock
 from services.shared.signing import CommandSigner
 
 log = logging.getLogger("clusterwarden.executor")

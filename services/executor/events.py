@@ -11,9 +11,10 @@ from uuid import UUID, uuid5
 
 from schemas import ids
 from schemas.envelope import short_text
-from schemas.events.v1 import Clock, OpsTask, StepState, TaskControl, TaskEvent, TaskState
+from schemas.events.v1 import OpsTask, StepState, TaskControl, TaskEvent, TaskState
 from schemas.topics import Topic
 from services.executor.ports import Publisher
+from services.shared.clock import Clock
 
 SOURCE = "executor"
 MAX_OUTPUTS = 32  # the schema's bound on TaskEvent.outputs

@@ -16,7 +16,7 @@ import logging
 
 from redis.asyncio import Redis
 
-from schemas.events.v1 import Clock, CommandResult, TaskControl, TaskScheduled, now_utc
+from schemas.events.v1 import CommandResult, TaskControl, TaskScheduled, now_utc
 from services.executor.commands import CommandSender
 from services.executor.events import TaskEvents
 from services.executor.journal import CANCEL_MARK, QUERY_MARK, Journal
@@ -25,6 +25,7 @@ from services.executor.ports import CentreActions, Publisher
 from services.executor.recovery import Recovery
 from services.executor.settings import ExecutorSettings
 from services.executor.workflow import WorkflowCore
+from services.shared.clock import Clock
 from services.shared.locks import Locks
 from services.shared.redis_client import Keys
 from services.shared.signing import CommandSigner

@@ -19,7 +19,6 @@ from uuid import UUID
 
 from schemas.envelope import short_text
 from schemas.events.v1 import (
-    Clock,
     CommandResult,
     OpsTask,
     Step,
@@ -50,6 +49,7 @@ from services.executor.ports import (
     Waiting,
 )
 from services.executor.settings import ExecutorSettings
+from services.shared.clock import Clock
 from services.shared.errors import INFRASTRUCTURE_ERRORS
 from services.shared.locks import Locks
 

@@ -18,7 +18,6 @@ probes per report; strings at most 256 characters; utilisation 0-100; temperatur
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import datetime
 
 from schemas.envelope import Envelope
@@ -138,11 +137,6 @@ EVENT_MODELS: dict[str, type[Envelope]] = {
 }
 
 
-# A source of the current time: a callable returning an aware datetime (`now_utc` in
-# production, a settable one in tests). Handlers take one instead of reading the wall clock.
-Clock = Callable[[], datetime]
-
-
 def now_utc() -> datetime:
     """The current time, aware, in UTC (for adapters; policy code takes `now` as an argument)."""
     from datetime import UTC
@@ -163,7 +157,6 @@ __all__ = [
     "Attempt",
     "Cancel",
     "CandidateVerdict",
-    "Clock",
     "Command",
     "CommandPayload",
     "CommandResult",
