@@ -50,7 +50,9 @@ def classify(exc: BaseException) -> tuple[str, str, str]:
         exc = describe_validation_error(exc)
     if isinstance(exc, PermanentError):
         return "dead_letter", exc.reason, exc.detail
-    if isinstance(exc, INFRASTRUCTURE_ERRORS):
+    # A component's own error raised from an outage (a store that could not read Redis) is
+    # the outage: wait for it to end instead of dead-lettering a good message.
+    if isinstance(exc, INFRASTRUCTURE_ERRORS) or isinstance(exc.__cause__, INFRASTRUCTURE_ERRORS):
         return "wait", "infrastructure_unavailable", repr(exc)[:900]
     if isinstance(exc, TransientError):
         return "dead_letter", "retries_exhausted", repr(exc)[:900]

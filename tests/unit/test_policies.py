@@ -205,3 +205,14 @@ def test_a_bad_override_is_refused_at_start() -> None:
         AnalyzerSettings(overrides={"prod": {"teleport": {"x": 1}}})
     with pytest.raises(ValidationError, match="high_enter"):
         AnalyzerSettings(overrides={"prod": {"scale": {"high_enter": 10.0}}})
+
+
+def test_an_error_raised_from_an_outage_waits_and_one_raised_from_a_bug_does_not() -> None:
+    from services.scheduler.safety_store import SafetyUnreadable
+
+    outage = SafetyUnreadable("pool health unreadable")
+    outage.__cause__ = RedisConnectionError("refused")
+    assert classify(outage)[:2] == ("wait", "infrastructure_unavailable")
+    corrupt = SafetyUnreadable("pool health unreadable")
+    corrupt.__cause__ = ValueError("corrupt hash")
+    assert classify(corrupt)[:2] == ("dead_letter", "unhandled_error")
