@@ -11,8 +11,8 @@ from typing import TypedDict
 
 import numpy as np
 
-from policy import selector, stats
-from policy.attribution import Cause
+from services.router.policy import selector, stats
+from services.router.policy.attribution import Cause
 
 
 def _snapshot(models: int, nodes: int, rng: random.Random) -> stats.StatsSnapshot:

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from bench.routing.world import ATTEMPT_TIMEOUT_S, LATENCY_SIGMA, ArmSpec, lognormal_cdf
-from policy import selector, stats
-from policy.attribution import Cause
-from policy.config import SelectorConfig
+from services.router.policy import selector, stats
+from services.router.policy.attribution import Cause
+from services.router.policy.config import SelectorConfig
 
 if TYPE_CHECKING:
     from bench.routing.sim import Sim

@@ -21,9 +21,9 @@ from bench.router_throughput import (
     submission,
     table,
 )
-from policy.selector import Candidate
 from schemas.events.v1 import CommandPayload, NodeReport, RunInference, now_utc
 from services.router.decisions import inference_payload
+from services.router.policy.selector import Candidate
 from services.router.records import AttemptRecord
 from services.router.registry import NodeModels, candidates
 from services.router.settings import RouterSettings

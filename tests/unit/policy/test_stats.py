@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from policy.attribution import Cause
-from policy.config import SelectorConfig
-from policy.selector import Candidate
-from policy.stats import (
+from services.router.policy.attribution import Cause
+from services.router.policy.config import SelectorConfig
+from services.router.policy.selector import Candidate
+from services.router.policy.stats import (
     GLOBAL,
     Counts,
     Estimator,

@@ -24,8 +24,8 @@ from hashlib import blake2b
 from statistics import NormalDist
 from typing import Literal
 
-from policy.attribution import COUNTED, Cause, attribute
-from policy.config import DEFAULT_CONFIG, SelectorConfig
+from services.router.policy.attribution import COUNTED, Cause, attribute
+from services.router.policy.config import DEFAULT_CONFIG, SelectorConfig
 
 GLOBAL = "global"
 FIELD_SEP = "|"

@@ -26,9 +26,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from policy.config import DEFAULT_CONFIG, SelectorConfig
-from policy.retry import Attempt, Avoid, RetryBudget, RetryPlan, Task, retry_plan
-from policy.stats import (
+from services.router.policy.config import DEFAULT_CONFIG, SelectorConfig
+from services.router.policy.retry import Attempt, Avoid, RetryBudget, RetryPlan, Task, retry_plan
+from services.router.policy.stats import (
     TRIGGERS,
     ArmState,
     Estimate,
