@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from bench.routing.world import ATTEMPT_TIMEOUT_S, LATENCY_SIGMA, ArmSpec, lognormal_cdf
-from services.router.policy import selector, stats
+from services.router.policy import selector, stats, updates
 from services.router.policy.attribution import Cause
 from services.router.policy.config import SelectorConfig
 
@@ -478,7 +478,7 @@ class Production(Router):
                    now: float) -> None:
         c = policy_cause(cause)
         before = self.snapshot.arms.get(stats.arm_key(arm.model, arm.node))
-        self.snapshot = stats.record(
+        self.snapshot = updates.record(
             self.snapshot, stats.Outcome(arm.model, arm.node, arm.family, c, latency,
                                          arm.predecessor), now, self.config)
         after = self.snapshot.arms[stats.arm_key(arm.model, arm.node)]

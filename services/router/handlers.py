@@ -54,7 +54,8 @@ from services.router.policy.selector import (
     select,
     snapshot_keys,
 )
-from services.router.policy.stats import Outcome, record, record_keys
+from services.router.policy.stats import Outcome, record_keys
+from services.router.policy.updates import record
 from services.router.records import AttemptRecord, AttemptResult, Outbound, TaskRecord
 from services.router.registry import (
     Registry,

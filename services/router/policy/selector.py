@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from services.router.policy.codec import from_flat, to_flat
 from services.router.policy.config import DEFAULT_CONFIG, SelectorConfig
 from services.router.policy.retry import Attempt, Avoid, RetryBudget, RetryPlan, Task, retry_plan
 from services.router.policy.stats import (
@@ -35,13 +36,11 @@ from services.router.policy.stats import (
     Estimator,
     StatsSnapshot,
     arm_key,
-    begin,
-    from_flat,
     keys_for,
-    to_flat,
     wilson,
     z_for,
 )
+from services.router.policy.updates import begin
 
 __all__ = [
     "Attempt", "Avoid", "Candidate", "CandidateView", "Decision", "DecisionInputs",
