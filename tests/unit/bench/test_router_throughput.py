@@ -8,13 +8,13 @@ from datetime import timedelta
 from pathlib import Path
 from uuid import uuid4
 
-from bench.router_throughput import (
+from bench.router_throughput.run import bench
+from bench.router_throughput.workload import (
     CLUSTER,
     MODELS,
     TABLE_COLUMNS,
     CaseResult,
     answer,
-    bench,
     commandstats_delta,
     node_reports,
     served_models,
