@@ -15,7 +15,7 @@ What it does not simulate: jobs, peer probes, and every command other than `prob
 for those.
 
 `python -m bench.fleet_sim --nodes 2000` runs the fleet alone against the broker (no
-services) and prints what it costs; bench/trace_replay.py drives it from real traces.
+services) and prints what it costs; bench/trace_replay/ drives it from real traces.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from bench.routing.runner import (
     scenario_names,
 )
 from bench.routing.sim import MAX_RETRIES
-from policy.config import DEFAULT_CONFIG
+from services.router.policy.config import DEFAULT_CONFIG
 
 
 def _parse_variant(text: str) -> tuple[str, Overrides]:

@@ -11,8 +11,8 @@ from typing import TypedDict
 
 import numpy as np
 
-from policy import selector, stats
-from policy.attribution import Cause
+from services.router.policy import codec, selector, stats, updates
+from services.router.policy.attribution import Cause
 
 
 def _snapshot(models: int, nodes: int, rng: random.Random) -> stats.StatsSnapshot:
@@ -23,7 +23,7 @@ def _snapshot(models: int, nodes: int, rng: random.Random) -> stats.StatsSnapsho
             for _ in range(3):
                 t += 0.01
                 cause: Cause = "ok" if rng.random() < 0.98 else "model_fault"
-                snap = stats.record(snap, stats.Outcome(f"m{m}", f"n{n}", f"f{m % 5}", cause,
+                snap = updates.record(snap, stats.Outcome(f"m{m}", f"n{n}", f"f{m % 5}", cause,
                                                         0.3), t)
     return snap
 
@@ -51,7 +51,7 @@ def measure(candidates: int = 10, repeats: int = 3000) -> Overhead:
     snap = _snapshot(40, 25, rng)
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
-    flat = stats.to_flat(snap)
+    flat = codec.to_flat(snap)
     arms = len(snap.arms)
     cands = [selector.Candidate(f"m{m}", f"n{n}", f"f{m % 5}")
              for m, n in rng.sample([(m, n) for m in range(40) for n in range(25)], candidates)]
@@ -67,7 +67,7 @@ def measure(candidates: int = 10, repeats: int = 3000) -> Overhead:
     rec = []
     for _ in range(repeats):
         t0 = time.perf_counter_ns()
-        stats.record(snap, stats.Outcome("m1", "n1", "f1", "ok", 0.3), now)
+        updates.record(snap, stats.Outcome("m1", "n1", "f1", "ok", 0.3), now)
         rec.append(time.perf_counter_ns() - t0)
     us = np.array(times) / 1000.0
     rus = np.array(rec) / 1000.0

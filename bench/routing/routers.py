@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from bench.routing.world import ATTEMPT_TIMEOUT_S, LATENCY_SIGMA, ArmSpec, lognormal_cdf
-from policy import selector, stats
-from policy.attribution import Cause
-from policy.config import SelectorConfig
+from services.router.policy import selector, stats, updates
+from services.router.policy.attribution import Cause
+from services.router.policy.config import SelectorConfig
 
 if TYPE_CHECKING:
     from bench.routing.sim import Sim
@@ -478,7 +478,7 @@ class Production(Router):
                    now: float) -> None:
         c = policy_cause(cause)
         before = self.snapshot.arms.get(stats.arm_key(arm.model, arm.node))
-        self.snapshot = stats.record(
+        self.snapshot = updates.record(
             self.snapshot, stats.Outcome(arm.model, arm.node, arm.family, c, latency,
                                          arm.predecessor), now, self.config)
         after = self.snapshot.arms[stats.arm_key(arm.model, arm.node)]

@@ -11,7 +11,7 @@ from bench.routing.metrics import run_metrics
 from bench.routing.routers import BASELINES, Oracle, Production, RouterFactory
 from bench.routing.sim import MAX_RETRIES, Sim, workload
 from bench.routing.world import Scenario, scenarios
-from policy.config import SelectorConfig
+from services.router.policy.config import SelectorConfig
 
 PRODUCTION = "selector"
 ORACLE = "oracle"

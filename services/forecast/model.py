@@ -293,6 +293,60 @@ def _clip(values: FloatArray, bounds: tuple[float | None, float | None]) -> Floa
     return np.clip(values, -np.inf if low is None else low, np.inf if high is None else high)
 
 
+def _check_arguments(now: datetime, horizons: Sequence[timedelta], selection_days: int) -> None:
+    if now.tzinfo is None:
+        raise ValueError("now must be aware (UTC)")
+    if not horizons or min(horizons) <= timedelta(0):
+        raise ValueError("horizons must be positive")
+    if selection_days < 1:
+        raise ValueError("selection_days must be at least 1")
+
+
+def _fit_model(values: FloatArray, steps: int, seasonality: Seasonality, damped_trend: bool,
+               selection_days: int, notes: list[str]
+               ) -> tuple[ModelKind, dict[str, float], _Fitted]:
+    """The model chosen for `values` and its fit over `steps` hours, falling back to the
+    naive forecast when the history is constant or the fit is not finite."""
+    # Fit warnings (convergence, mostly) become notes instead of escaping to the caller.
+    # catch_warnings swaps process-wide state: callers running forecasts in several threads
+    # at once may see each other's warnings filtered (harmless: they are only notes here).
+    kind: ModelKind
+    scores: dict[str, float]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if float(np.ptp(values)) == 0.0:
+            # An idle (or pinned) pool: every model would fit a line through a constant, and
+            # ETS's likelihood is undefined with no variance at all.
+            kind, scores = "naive", {}
+            notes.append("the history is constant: carried forward, with no spread to "
+                         "estimate an interval from")
+        else:
+            kind, scores = _choose(values, seasonality, damped_trend, selection_days, notes)
+        fitted = (_naive(values, steps) if kind == "naive"
+                  else _fit(values, steps, PERIODS[kind], damped_trend))
+        if not all(np.isfinite(getattr(fitted, name)).all() for name in _COLUMNS):
+            notes.append(f"the {kind} fit gave non-finite values: last value carried forward")
+            kind, scores, fitted = "naive", {}, _naive(values, steps)
+    for message in dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught):
+        notes.append(message[:200])
+    return kind, scores, fitted
+
+
+def _points(fitted: _Fitted, bounds: tuple[float | None, float | None], last_at: datetime,
+            first_point: datetime, end: datetime, steps: int) -> list[ForecastPoint]:
+    """The fitted hours from the current one to the last horizon's end, clipped to `bounds`."""
+    columns = [_clip(getattr(fitted, name), bounds) for name in _COLUMNS]
+    points = []
+    for i in range(steps):
+        at = last_at + (i + 1) * HOUR
+        if at < first_point or at >= end:
+            continue
+        mean, lo80, hi80, lo95, hi95 = (round(float(c[i]), 4) for c in columns)
+        points.append(ForecastPoint(at=at, mean=mean, lower_80=lo80, upper_80=hi80,
+                                    lower_95=lo95, upper_95=hi95))
+    return points
+
+
 def forecast_utilisation(
     series: Sequence[tuple[datetime, float]],
     now: datetime,
@@ -315,12 +369,7 @@ def forecast_utilisation(
     `damped_trend` damps the trend so a week ahead does not extrapolate a day's slope
     seven-fold. Deterministic: no random draws (the ETS intervals are analytic).
     """
-    if now.tzinfo is None:
-        raise ValueError("now must be aware (UTC)")
-    if not horizons or min(horizons) <= timedelta(0):
-        raise ValueError("horizons must be positive")
-    if selection_days < 1:
-        raise ValueError("selection_days must be at least 1")
+    _check_arguments(now, horizons, selection_days)
     now = now.astimezone(UTC)
     spans = tuple(sorted(horizons))
     history = hourly_series(series, now, max_history)
@@ -345,37 +394,9 @@ def forecast_utilisation(
                      "last whole hour; the forecast spans the gap")
     if history.filled:
         notes.append(f"{history.filled} hours without samples filled by interpolation")
-    # Fit warnings (convergence, mostly) become notes instead of escaping to the caller.
-    # catch_warnings swaps process-wide state: callers running forecasts in several threads
-    # at once may see each other's warnings filtered (harmless: they are only notes here).
-    kind: ModelKind
-    scores: dict[str, float]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        if float(np.ptp(values)) == 0.0:
-            # An idle (or pinned) pool: every model would fit a line through a constant, and
-            # ETS's likelihood is undefined with no variance at all.
-            kind, scores = "naive", {}
-            notes.append("the history is constant: carried forward, with no spread to "
-                         "estimate an interval from")
-        else:
-            kind, scores = _choose(values, seasonality, damped_trend, selection_days, notes)
-        fitted = (_naive(values, steps) if kind == "naive"
-                  else _fit(values, steps, PERIODS[kind], damped_trend))
-        if not all(np.isfinite(getattr(fitted, name)).all() for name in _COLUMNS):
-            notes.append(f"the {kind} fit gave non-finite values: last value carried forward")
-            kind, scores, fitted = "naive", {}, _naive(values, steps)
-    for message in dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught):
-        notes.append(message[:200])
-    columns = [_clip(getattr(fitted, name), bounds) for name in _COLUMNS]
-    points = []
-    for i in range(steps):
-        at = last_at + (i + 1) * HOUR
-        if at < first_point or at >= end:
-            continue
-        mean, lo80, hi80, lo95, hi95 = (round(float(c[i]), 4) for c in columns)
-        points.append(ForecastPoint(at=at, mean=mean, lower_80=lo80, upper_80=hi80,
-                                    lower_95=lo95, upper_95=hi95))
+    kind, scores, fitted = _fit_model(values, steps, seasonality, damped_trend, selection_days,
+                                      notes)
+    points = _points(fitted, bounds, last_at, first_point, end, steps)
     return Forecast(
         generated_at=now, model=kind, model_detail=_describe(kind, damped_trend),
         seasonal_periods_h=PERIODS.get(kind, ()), horizons=spans,

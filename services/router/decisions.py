@@ -1,8 +1,8 @@
 """Pure translations between the selector's values and the events on the wire.
 
-The selector (policy/) speaks in arms, `<model>:<version>` names, epoch seconds and its own
-cause words; the events speak in model, version and node, UUIDs and aware datetimes. Nothing
-here decides anything: the selector does.
+The selector (services/router/policy/) speaks in arms, `<model>:<version>` names, epoch
+seconds and its own cause words; the events speak in model, version and node, UUIDs and aware
+datetimes. Nothing here decides anything: the selector does.
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 from uuid import UUID, uuid5
 
-from policy.attribution import Cause, attribute
-from policy.selector import Avoid, Decision, Task, replay
 from schemas import ids
 from schemas.envelope import SHORT_TEXT_MAX
 from schemas.events.v1 import (
@@ -26,6 +24,8 @@ from schemas.events.v1 import (
     RunInference,
     SelectionInputs,
 )
+from services.router.policy.attribution import Cause, attribute
+from services.router.policy.selector import Avoid, Decision, Task, replay
 from services.router.records import AttemptRecord, TaskRecord
 from services.router.registry import split_model
 

@@ -31,8 +31,6 @@ from pydantic import ValidationError
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
-from policy.selector import Attempt, RetryBudget, commit, retry_plan, select, snapshot_keys
-from policy.stats import Outcome, record, record_keys
 from schemas.catalog import TOPIC_MODELS
 from schemas.envelope import Envelope, short_text
 from schemas.events.v1 import CommandResult, InferenceCause, MlTaskSubmitted, NodeReport
@@ -48,6 +46,16 @@ from services.router.decisions import (
     policy_task,
     selection_event,
 )
+from services.router.policy.selector import (
+    Attempt,
+    RetryBudget,
+    commit,
+    retry_plan,
+    select,
+    snapshot_keys,
+)
+from services.router.policy.stats import Outcome, record_keys
+from services.router.policy.updates import record
 from services.router.records import AttemptRecord, AttemptResult, Outbound, TaskRecord
 from services.router.registry import (
     Registry,

@@ -25,9 +25,9 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from redis.asyncio import Redis
 
-from policy.selector import Candidate
-from policy.stats import arm_key
 from schemas.events.v1 import NodeMode, NodeReport, ServedModel
+from services.router.policy.selector import Candidate
+from services.router.policy.stats import arm_key
 from services.shared.redis_client import Keys, text
 
 log = logging.getLogger("clusterwarden.router.registry")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from policy.config import SelectorConfig
+from services.router.policy.config import SelectorConfig
 from services.shared.settings import ServiceSettings
 
 
@@ -73,5 +73,6 @@ class RouterSettings(ServiceSettings):
                               description="How long a finished task's record stays in Redis.")
     stats_ttl_s: int = Field(default=7 * 86_400, ge=60, le=365 * 86_400,
                              description="Statistics untouched this long are dropped.")
-    policy: SelectorConfig = Field(default_factory=SelectorConfig,
-                                   description="The selector's configuration (policy/config.py).")
+    policy: SelectorConfig = Field(
+        default_factory=SelectorConfig,
+        description="The selector's configuration (services/router/policy/config.py).")

@@ -1,11 +1,12 @@
 """The selector's statistics in Redis, shared by every router instance.
 
 One hash per statistics entry (`arm:<model>@<node>`, `model:<model>`, `node:<node>`,
-`family:<family>`, `global`), in the selector's own flat codec (policy/stats.py). Changes
-are written inside the caller's optimistic transaction (WATCH ... MULTI/EXEC): an arm's
-in-flight count or a level's counts changed by another instance between read and write
-aborts the transaction, which is then run again on fresh values. That is what makes the
-per-target concurrency limit and the single half-open trial hold across instances.
+`family:<family>`, `global`), in the selector's own flat codec
+(services/router/policy/codec.py). Changes are written inside the caller's optimistic
+transaction (WATCH ... MULTI/EXEC): an arm's in-flight count or a level's counts changed by
+another instance between read and write aborts the transaction, which is then run again on
+fresh values. That is what makes the per-target concurrency limit and the single half-open
+trial hold across instances.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import WatchError
 
-from policy.stats import StatsSnapshot, decode_arm, decode_counts, encode_arm, encode_counts
+from services.router.policy.codec import decode_arm, decode_counts, encode_arm, encode_counts
+from services.router.policy.stats import StatsSnapshot
 from services.shared.errors import TransientError
 from services.shared.redis_client import Keys
 

@@ -129,8 +129,8 @@ class ModelSelected(Envelope):
 
     `inputs` holds everything the selector read (the task, the candidates, the statistics,
     the time, the seed and the configuration), so replaying the event reproduces the decision
-    (`policy.selector.replay`). `saturated` and `no_candidates` decisions choose nothing:
-    the task waits and is selected again.
+    (`services.router.policy.selector.replay`). `saturated` and `no_candidates` decisions
+    choose nothing: the task waits and is selected again.
     """
 
     event_type: Literal["model_selected"] = "model_selected"

@@ -26,7 +26,8 @@ Attempt = Annotated[int, Field(ge=1, le=16, description="1 for the first try of 
 # signed command carrying it stays far below the agents' 16 KiB command limit.
 MlInput = Annotated[list[Annotated[float, Field(ge=-1e6, le=1e6)]],
                     Field(min_length=1, max_length=1_024)]
-# Why an ML attempt failed, in the words of the selector's attribution (policy/attribution.py):
+# Why an ML attempt failed, in the words of the selector's attribution
+# (services/router/policy/attribution.py):
 # model_fault counts against the model, node_fault against the node, timeout and unknown
 # against both; bad_input, capacity and deadline_too_short against neither. Two more never
 # reach the statistics: unavailable (the model was not ready there, or the agent refused the

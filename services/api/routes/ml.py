@@ -17,13 +17,13 @@ from uuid import UUID, uuid4
 from fastapi import APIRouter, HTTPException, Query, status
 from pydantic import BaseModel, ConfigDict, Field
 
-from policy.selector import snapshot_keys
-from policy.stats import estimate
 from schemas.envelope import Identifier
 from schemas.events.v1 import MlInput, MlTaskState, MlTaskSubmitted, Priority, now_utc
 from schemas.topics import Topic
 from services.api.deps import Operator, RuntimeDep, Viewer
 from services.api.publisher import PublishFailed
+from services.router.policy.selector import snapshot_keys
+from services.router.policy.stats import estimate
 from services.router.registry import NodeModels, candidates, split_model
 from services.router.settings import RouterSettings
 from services.router.stats_store import StatsStore

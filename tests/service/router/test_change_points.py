@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from policy.config import SelectorConfig
-from policy.stats import ArmState, Counts, arm_key, decode_arm, decode_counts, model_key
+from services.router.policy.codec import decode_arm, decode_counts
+from services.router.policy.config import SelectorConfig
+from services.router.policy.stats import ArmState, Counts, arm_key, model_key
 from services.shared.redis_client import text
 from tests.service.router.conftest import CLUSTER, Harness
 from tests.unit.router.helpers import served

@@ -7,10 +7,11 @@ from uuid import uuid4
 
 import pytest
 
-from policy.config import SelectorConfig
-from policy.stats import arm_key, decode_arm
 from schemas.events.v1 import ModelSelected, NodeReport, RunInference
 from services.router.decisions import replay_event
+from services.router.policy.codec import decode_arm
+from services.router.policy.config import SelectorConfig
+from services.router.policy.stats import arm_key
 from services.shared.redis_client import text
 from tests.contracts.examples import examples
 from tests.service.router.conftest import CLUSTER, Harness

@@ -8,22 +8,22 @@ from datetime import timedelta
 from pathlib import Path
 from uuid import uuid4
 
-from bench.router_throughput import (
+from bench.router_throughput.run import bench
+from bench.router_throughput.workload import (
     CLUSTER,
     MODELS,
     TABLE_COLUMNS,
     CaseResult,
     answer,
-    bench,
     commandstats_delta,
     node_reports,
     served_models,
     submission,
     table,
 )
-from policy.selector import Candidate
 from schemas.events.v1 import CommandPayload, NodeReport, RunInference, now_utc
 from services.router.decisions import inference_payload
+from services.router.policy.selector import Candidate
 from services.router.records import AttemptRecord
 from services.router.registry import NodeModels, candidates
 from services.router.settings import RouterSettings

@@ -19,15 +19,12 @@ from bench.fleet_sim import (
     slot_count,
     slot_members,
 )
-from bench.trace_replay import (
+from bench.trace_replay.figures import Injection, attribute, compressed_env, minute_index
+from bench.trace_replay.traces import (
     BusyAssigner,
-    Injection,
     PhillyMinute,
     TitanEvent,
-    attribute,
     busy_target,
-    compressed_env,
-    minute_index,
     read_philly,
     read_titan,
     titan_faults,

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from policy.attribution import Cause
-from policy.config import SelectorConfig
-from policy.selector import Candidate
-from policy.stats import Outcome, StatsSnapshot, begin, record
+from services.router.policy.attribution import Cause
+from services.router.policy.config import SelectorConfig
+from services.router.policy.selector import Candidate
+from services.router.policy.stats import Outcome, StatsSnapshot
+from services.router.policy.updates import begin, record
 
 # No jitter and no fast window, so durations and counts are exact in the tests; a 60 s
 # half-life keeps the arithmetic simple.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from policy.attribution import CAUSES, COUNTED, NEUTRAL, Cause, attribute
+from services.router.policy.attribution import CAUSES, COUNTED, NEUTRAL, Cause, attribute
 
 
 @pytest.mark.parametrize(

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from policy.attribution import Cause
-from policy.config import SelectorConfig
-from policy.retry import Attempt, RetryBudget, Task, retry_plan
-from policy.stats import arm_key
+from services.router.policy.attribution import Cause
+from services.router.policy.config import SelectorConfig
+from services.router.policy.retry import Attempt, RetryBudget, Task, retry_plan
+from services.router.policy.stats import arm_key
 
 TASK = Task("t1", "classify", deadline=100.0)
 ARM = arm_key("a:v1", "n1")

@@ -8,11 +8,12 @@ import random
 
 import pytest
 
-from policy.attribution import Cause
-from policy.config import SelectorConfig
-from policy.retry import Avoid
-from policy.selector import Candidate, Task, commit, replay, select
-from policy.stats import StatsSnapshot, arm_key, begin, quarantine_seconds
+from services.router.policy.attribution import Cause
+from services.router.policy.config import SelectorConfig
+from services.router.policy.retry import Avoid
+from services.router.policy.selector import Candidate, Task, commit, replay, select
+from services.router.policy.stats import StatsSnapshot, arm_key
+from services.router.policy.updates import begin, quarantine_seconds
 from tests.unit.policy.helpers import CONFIG, feed
 
 A1 = Candidate("a:v1", "n1", "alpha")

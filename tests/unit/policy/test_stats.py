@@ -6,10 +6,11 @@ import math
 
 import pytest
 
-from policy.attribution import Cause
-from policy.config import SelectorConfig
-from policy.selector import Candidate
-from policy.stats import (
+from services.router.policy.attribution import Cause
+from services.router.policy.codec import from_flat, to_flat
+from services.router.policy.config import SelectorConfig
+from services.router.policy.selector import Candidate
+from services.router.policy.stats import (
     GLOBAL,
     Counts,
     Estimator,
@@ -19,14 +20,12 @@ from policy.stats import (
     decay,
     decay_counts,
     estimate,
-    from_flat,
     model_key,
     node_key,
-    record,
     record_keys,
-    to_flat,
     wilson,
 )
+from services.router.policy.updates import record
 from tests.unit.policy.helpers import CONFIG, feed
 
 A1 = Candidate("a:v1", "n1", "fam")

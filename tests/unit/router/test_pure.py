@@ -7,10 +7,10 @@ from typing import get_args
 
 import pytest
 
-from policy.attribution import CAUSES
-from policy.selector import Candidate
 from schemas.events.v1 import CommandResult, InferenceCause
 from services.router.decisions import POLICY_CAUSE, attributed_to, cause_of
+from services.router.policy.attribution import CAUSES
+from services.router.policy.selector import Candidate
 from services.router.registry import NodeModels, bounded, candidates, split_model
 from tests.contracts.examples import example
 from tests.unit.router.helpers import served

@@ -29,6 +29,15 @@ def utc() -> sa.DateTime:
 
 
 def upgrade() -> None:
+    _tasks()
+    _steps()
+    _transitions()
+    _audit()
+    _audit_head()
+
+
+def _tasks() -> None:
+    """The tasks, indexed by what the API filters and sorts them on."""
     op.create_table(
         "tasks",
         sa.Column("task_id", sa.Uuid(), nullable=False),
@@ -56,6 +65,9 @@ def upgrade() -> None:
     for column in ("cluster_id", "created_at", "parent_task_id", "state", "target"):
         op.create_index(op.f(f"ix_tasks_{column}"), "tasks", [column])
 
+
+def _steps() -> None:
+    """The steps of each task's plan, by task and index."""
     op.create_table(
         "steps",
         sa.Column("task_id", sa.Uuid(), nullable=False),
@@ -80,6 +92,9 @@ def upgrade() -> None:
     )
     op.create_index(op.f("ix_steps_node_id"), "steps", ["node_id"])
 
+
+def _transitions() -> None:
+    """Every state change of a task or step, in order."""
     op.create_table(
         "transitions",
         sa.Column("id", AUTO_ID, autoincrement=True, nullable=False),
@@ -101,6 +116,9 @@ def upgrade() -> None:
     )
     op.create_index("ix_transitions_task_order", "transitions", ["task_id", "occurred_at", "id"])
 
+
+def _audit() -> None:
+    """The hash-chained audit log: each row carries its predecessor's hash."""
     op.create_table(
         "audit",
         sa.Column("id", AUTO_ID, autoincrement=True, nullable=False),
@@ -120,6 +138,9 @@ def upgrade() -> None:
     )
     op.create_index(op.f("ix_audit_at"), "audit", ["at"])
 
+
+def _audit_head() -> None:
+    """The chain's head, one row from the start."""
     head = op.create_table(
         "audit_head",
         sa.Column("id", sa.Integer(), nullable=False),

@@ -22,26 +22,26 @@ there no choice (`saturated`: wait and select again).
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from policy.config import DEFAULT_CONFIG, SelectorConfig
-from policy.retry import Attempt, Avoid, RetryBudget, RetryPlan, Task, retry_plan
-from policy.stats import (
+from services.router.policy.codec import from_flat, to_flat
+from services.router.policy.config import DEFAULT_CONFIG, SelectorConfig
+from services.router.policy.retry import Attempt, Avoid, RetryBudget, RetryPlan, Task, retry_plan
+from services.router.policy.stats import (
     TRIGGERS,
     ArmState,
     Estimate,
     Estimator,
+    QState,
     StatsSnapshot,
     arm_key,
-    begin,
-    from_flat,
     keys_for,
-    to_flat,
     wilson,
     z_for,
 )
+from services.router.policy.updates import begin
 
 __all__ = [
     "Attempt", "Avoid", "Candidate", "CandidateView", "Decision", "DecisionInputs",
@@ -246,7 +246,13 @@ def _fmt(x: float) -> str:
 
 def select(task: Task, candidates: Sequence[Candidate], snapshot: StatsSnapshot, now: float,
            rng: random.Random | int, config: SelectorConfig = DEFAULT_CONFIG) -> Decision:
-    """Choose the arm for one attempt of `task` (see the module docstring)."""
+    """Choose the arm for one attempt of `task` (see the module docstring).
+
+    The decision in phases: assess every candidate (its estimate, load, latency and the
+    first gate that shuts it), let the quarantine cap bring some back, score the eligible
+    ones, then pick within the task's `avoid`, relaxed step by step, or settle without an
+    eligible arm (panic, saturated, no candidates).
+    """
     seed = rng if isinstance(rng, int) else rng.getrandbits(63)
     draw = random.Random(seed)
     unique = {c.arm: c for c in candidates}
@@ -255,48 +261,119 @@ def select(task: Task, candidates: Sequence[Candidate], snapshot: StatsSnapshot,
     # entries these candidates read.
     inputs = DecisionInputs(task=task, candidates=cands, snapshot=snapshot, now=now,
                             seed=seed, config=config)
+    rows = _assess(task, cands, snapshot, now, config)
+    _apply_quarantine_cap(rows, now, config)
+    _score(rows, task, config, draw)
+    chosen, status, reason = _pick(rows, task, config, draw)
+    return Decision(task_id=task.task_id, now=now, seed=seed,
+                    policy_version=config.policy_version, status=status,
+                    model=chosen.cand.model if chosen else None,
+                    node=chosen.cand.node if chosen else None,
+                    probe=bool(chosen and chosen.probe and status != "panic"), reason=reason,
+                    inputs=inputs, _rows=tuple(rows))
+
+
+@dataclass(frozen=True, slots=True)
+class _Look:
+    """What the gates read of one candidate."""
+
+    cand: Candidate
+    arm: ArmState
+    est: Estimate
+    q: QState
+    cold: bool
+    inflight: int
+    limit: int
+    age: float      # since its last dispatch or outcome, while work is in flight
+    now: float
+    config: SelectorConfig
+
+
+def _not_ready(x: _Look) -> str:
+    return "" if x.cand.ready else "not ready"
+
+
+def _quarantined(x: _Look) -> str:
+    if x.q != "open":
+        return ""
+    a = x.arm
+    return (f"quarantined until {_fmt(a.q_until)} "
+            f"({TRIGGERS[a.q_trigger] or 'trigger'}, level {a.q_level})")
+
+
+def _trial_in_flight(x: _Look) -> str:
+    return "half-open: trial in flight" if x.q == "half_open" and x.arm.probe_until > x.now else ""
+
+
+def _saturated(x: _Look) -> str:
+    return _saturated_reason(x.inflight, x.limit) if x.inflight >= x.limit else ""
+
+
+def _cold_probe_in_flight(x: _Look) -> str:
+    if x.cold and x.inflight >= x.config.cold_max_inflight:
+        return f"cold (n_eff {x.est.n_eff:.1f}): probe in flight"
+    return ""
+
+
+def _stalled(x: _Look) -> str:
+    a, config = x.arm, x.config
+    stall_after = max(config.stall_factor * a.latency_s, config.stall_min_s)
+    if x.inflight and a.latency_s > 0.0 and x.age > stall_after:
+        return f"stalled: no outcome for {x.age:.1f} s with {x.inflight} in flight"
+    return ""
+
+
+# The gates in the order they are asked: the first that answers shuts the candidate out.
+_GATES: tuple[Callable[[_Look], str], ...] = (
+    _not_ready, _quarantined, _trial_in_flight, _saturated, _cold_probe_in_flight, _stalled)
+
+
+def _first_gate(look: _Look) -> str:
+    """Why the candidate is shut out: the first gate's answer ("" when eligible)."""
+    for gate in _GATES:
+        reason = gate(look)
+        if reason:
+            return reason
+    return ""
+
+
+def _saturated_reason(inflight: int, limit: int) -> str:
+    return f"saturated: {inflight}/{limit} in flight"
+
+
+def _assess(task: Task, cands: Sequence[Candidate], snapshot: StatsSnapshot, now: float,
+            config: SelectorConfig) -> list[_Row]:
+    """Phase 1: every candidate's estimate, load, latency, avoidance and gate."""
     est = Estimator(snapshot, now, config)
     remaining = None if task.deadline is None else task.deadline - now
-    avoid = task.avoid
-
-    rows: list[_Row] = []
     arms = snapshot.arms
-    for c in cands:
-        key = c.arm
-        a = arms.get(key) or ArmState()
-        e = est.arm(c.model, c.node, c.family, c.predecessor, a)
-        inflight = a.live_inflight(now, config)
-        limit = c.max_ongoing or config.max_ongoing
-        q = a.q_state(now)
-        cold = q == "closed" and e.n_eff < config.warmup_n
-        state = "cold" if cold else q
-        age = now - max(a.busy_since, a.last_outcome) if inflight else 0.0
-        latency = max(a.latency_s, age)
-        stall_after = max(config.stall_factor * a.latency_s, config.stall_min_s)
-        gate, probe = "", False
-        if not c.ready:
-            gate = "not ready"
-        elif q == "open":
-            gate = (f"quarantined until {_fmt(a.q_until)} "
-                    f"({TRIGGERS[a.q_trigger] or 'trigger'}, level {a.q_level})")
-        elif q == "half_open" and a.probe_until > now:
-            gate = "half-open: trial in flight"
-        elif inflight >= limit:
-            gate = f"saturated: {inflight}/{limit} in flight"
-        elif cold and inflight >= config.cold_max_inflight:
-            gate = f"cold (n_eff {e.n_eff:.1f}): probe in flight"
-        elif inflight and a.latency_s > 0.0 and age > stall_after:
-            gate = f"stalled: no outcome for {age:.1f} s with {inflight} in flight"
-        elif q == "half_open":
-            probe = True
-        avoided = 2 if key in avoid.arms else (
-            1 if c.node in avoid.nodes or c.model in avoid.models else 0)
-        rows.append(_Row(c, e, state, inflight, limit, latency,
-                         _on_time(latency, remaining, config.deadline_slack), gate, probe,
-                         avoided))
+    return [_assess_one(c, arms.get(c.arm) or ArmState(), est, task.avoid, remaining, now,
+                        config) for c in cands]
 
-    _apply_quarantine_cap(rows, now, config)
 
+def _assess_one(c: Candidate, a: ArmState, est: Estimator, avoid: Avoid,
+                remaining: float | None, now: float, config: SelectorConfig) -> _Row:
+    """One candidate as phase 1 sees it: the first gate that shuts it, if any."""
+    e = est.arm(c.model, c.node, c.family, c.predecessor, a)
+    inflight = a.live_inflight(now, config)
+    limit = c.max_ongoing or config.max_ongoing
+    q = a.q_state(now)
+    cold = q == "closed" and e.n_eff < config.warmup_n
+    age = now - max(a.busy_since, a.last_outcome) if inflight else 0.0
+    latency = max(a.latency_s, age)
+    look = _Look(c, a, e, q, cold, inflight, limit, age, now, config)
+    gate = _first_gate(look)
+    avoided = 2 if c.arm in avoid.arms else (
+        1 if c.node in avoid.nodes or c.model in avoid.models else 0)
+    # A half-open arm no gate shuts is eligible for its single trial only.
+    return _Row(c, e, "cold" if cold else q, inflight, limit, latency,
+                _on_time(latency, remaining, config.deadline_slack), gate,
+                not gate and q == "half_open", avoided)
+
+
+def _score(rows: list[_Row], task: Task, config: SelectorConfig, draw: random.Random) -> None:
+    """Phase 3: every eligible row's sample (a lower bound for a critical task, else a
+    Thompson sample when this decision explores, else its exploit value) and its score."""
     critical_z = z_for(config.critical_quantile) if task.critical else 0.0
     exploit_z = None if config.exploit_quantile is None else z_for(config.exploit_quantile)
     # One draw per decision: explore (Thompson) or exploit (posterior mean).
@@ -314,42 +391,36 @@ def select(task: Task, candidates: Sequence[Candidate], snapshot: StatsSnapshot,
         r.score = (r.sample * r.on_time - config.load_weight * r.inflight / r.limit
                    - config.latency_weight * r.latency)
 
-    chosen: _Row | None = None
-    status: Status = "selected"
-    reason = ""
-    primary = min((r.cand.group for r in rows if r.cand.ready), default=0)
-    for tier in (0, 1, 2):
-        pool = [r for r in rows if not r.gate and r.avoided <= tier]
-        if not pool:
-            continue
-        chosen, why = _choose(pool, task, config, draw)
-        if chosen.cand.group != primary:
-            status = "fallback"
-        relaxed = ("" if tier == 0 else
-                   " (avoid relaxed: another arm)" if tier == 1 else
-                   " (avoid relaxed: same arm again)")
-        reason = why + relaxed
-        break
-    if chosen is None:
-        spare = [r for r in rows if r.cand.ready and r.inflight < r.limit]
-        if spare:
-            chosen = min(spare, key=lambda r: (r.avoided, -r.est.mean, r.cand.arm))
-            status = "panic"
-            reason = ("every candidate ineligible: least-bad by posterior mean "
-                      f"({_fmt(chosen.est.mean)})")
-        elif any(r.cand.ready for r in rows):
-            status = "saturated"
-            reason = "every ready candidate is at its concurrency limit: wait"
-        else:
-            status = "no_candidates"
-            reason = "no candidate is ready"
 
-    return Decision(task_id=task.task_id, now=now, seed=seed,
-                    policy_version=config.policy_version, status=status,
-                    model=chosen.cand.model if chosen else None,
-                    node=chosen.cand.node if chosen else None,
-                    probe=bool(chosen and chosen.probe and status != "panic"), reason=reason,
-                    inputs=inputs, _rows=tuple(rows))
+# What each tier of the task's `avoid` gives up: nothing, the arm, the arm again.
+_RELAXED = ("", " (avoid relaxed: another arm)", " (avoid relaxed: same arm again)")
+
+
+def _pick(rows: list[_Row], task: Task, config: SelectorConfig,
+          draw: random.Random) -> tuple[_Row | None, Status, str]:
+    """Phase 4: the choice among the eligible rows, avoiding what the task avoids first and
+    relaxing it tier by tier; with no eligible row at all, phase 5."""
+    primary = min((r.cand.group for r in rows if r.cand.ready), default=0)
+    for tier, relaxed in enumerate(_RELAXED):
+        pool = [r for r in rows if not r.gate and r.avoided <= tier]
+        if pool:
+            chosen, why = _choose(pool, task, config, draw)
+            status: Status = "fallback" if chosen.cand.group != primary else "selected"
+            return chosen, status, why + relaxed
+    return _without_eligible(rows)
+
+
+def _without_eligible(rows: list[_Row]) -> tuple[_Row | None, Status, str]:
+    """Phase 5: no eligible arm. The least-bad arm with room by posterior mean (`panic`), else
+    wait for a slot (`saturated`), else nothing is ready (`no_candidates`)."""
+    spare = [r for r in rows if r.cand.ready and r.inflight < r.limit]
+    if spare:
+        chosen = min(spare, key=lambda r: (r.avoided, -r.est.mean, r.cand.arm))
+        return chosen, "panic", ("every candidate ineligible: least-bad by posterior mean "
+                                 f"({_fmt(chosen.est.mean)})")
+    if any(r.cand.ready for r in rows):
+        return None, "saturated", "every ready candidate is at its concurrency limit: wait"
+    return None, "no_candidates", "no candidate is ready"
 
 
 def _apply_quarantine_cap(rows: list[_Row], now: float, config: SelectorConfig) -> None:
@@ -364,7 +435,7 @@ def _apply_quarantine_cap(rows: list[_Row], now: float, config: SelectorConfig) 
     for r in back:
         r.state = "half_open"
         if r.inflight >= r.limit:
-            r.gate = f"saturated: {r.inflight}/{r.limit} in flight"
+            r.gate = _saturated_reason(r.inflight, r.limit)
         else:
             r.gate = ""
             r.probe = True

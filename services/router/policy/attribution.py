@@ -2,7 +2,7 @@
 
 A node fault counts against the node (and the arm on it), a model fault against the model,
 its family and the arm; a timeout or an unclassified failure against both (its weight split
-between the model and the node by `policy.stats.record`, see
+between the model and the node by `services.router.policy.updates.record`, see
 `SelectorConfig.split_ambiguous`). Bad input, a capacity rejection and a deadline too short
 to meet count against nobody: they say nothing about the target (LiteLLM PR #40958 counted
 its own "no deployments" errors and cooled healthy deployments down).

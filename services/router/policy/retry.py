@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from policy.attribution import Cause
-from policy.config import DEFAULT_CONFIG, SelectorConfig
-from policy.stats import arm_key
+from services.router.policy.attribution import Cause
+from services.router.policy.config import DEFAULT_CONFIG, SelectorConfig
+from services.router.policy.stats import arm_key
 
 
 @dataclass(frozen=True, slots=True)
