@@ -22,6 +22,7 @@ from agent.effects import Effect
 from agent.jobs.runner import JobRunner, JobView
 from agent.jobs.table import JobKind, JobRecord
 from agent.store import CheckpointMeta, CheckpointStore, StoreError, safe_job_id
+from common.clock import Clock
 from schemas.envelope import short_text
 from schemas.events.v1 import (
     MigrateJob,
@@ -32,7 +33,6 @@ from schemas.events.v1 import (
     StopJob,
     now_utc,
 )
-from services.shared.clock import Clock
 
 log = logging.getLogger("clusterwarden.agent.actions")
 

@@ -28,12 +28,12 @@ from agent.peers import EchoListener, PeerProber
 from agent.report import Reporter
 from agent.settings import AgentSettings
 from agent.store import CheckpointStore
+from common.errors import InfrastructureUnavailable
+from common.messaging import EventBus, ensure_topics, make_broker, subscribe
+from common.signing import CommandVerifier, verifier_from_files
+from common.telemetry import setup_telemetry, shutdown_telemetry
 from schemas.events.v1 import Command, CommandResult, now_utc
 from schemas.topics import Topic
-from services.shared.errors import InfrastructureUnavailable
-from services.shared.messaging import EventBus, ensure_topics, make_broker, subscribe
-from services.shared.signing import CommandVerifier, verifier_from_files
-from services.shared.telemetry import setup_telemetry, shutdown_telemetry
 
 log = logging.getLogger("clusterwarden.agent")
 URGENT_POLL_S = 0.25

@@ -31,6 +31,9 @@ from agent.faults import FaultPlan
 from agent.inference import InferenceActions, InferenceJournal, replay_window_s
 from agent.journal import NODE_FENCE, Journal
 from agent.ml.serving import ModelServer
+from common.clock import Clock
+from common.errors import describe_validation_error
+from common.signing import CommandVerifier, unb64url
 from schemas.envelope import IDENTIFIER_MAX, short_text
 from schemas.events.v1 import (
     Action,
@@ -56,9 +59,6 @@ from schemas.events.v1 import (
     UndrainNode,
     now_utc,
 )
-from services.shared.clock import Clock
-from services.shared.errors import describe_validation_error
-from services.shared.signing import CommandVerifier, unb64url
 
 log = logging.getLogger("clusterwarden.agent.commands")
 

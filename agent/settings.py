@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
-from services.shared.settings import ServiceSettings
+from common.settings import ServiceSettings
 
 IDENTIFIER_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"
 JOB_NAMES = ("train", "infer")

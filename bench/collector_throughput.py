@@ -24,9 +24,9 @@ from uuid import uuid4
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from bench.common import exit_cleanly_on_sigterm
+from common.messaging import ensure_topics
 from schemas.events.v1 import now_utc
 from schemas.topics import Topic, topic_name
-from services.shared.messaging import ensure_topics
 from services.shared.registry import register
 from tests.contracts.examples import examples
 from warden import launcher

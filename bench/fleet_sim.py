@@ -40,6 +40,9 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import RecordMetadata
 from pydantic import ValidationError
 
+from common.errors import PermanentError
+from common.messaging import all_topic_names, ensure_topics, parse_event
+from common.signing import CommandVerifier
 from schemas.envelope import short_text
 from schemas.events.v1 import (
     Command,
@@ -53,10 +56,7 @@ from schemas.events.v1 import (
     now_utc,
 )
 from schemas.topics import Topic, topic_name
-from services.shared.errors import PermanentError
-from services.shared.messaging import all_topic_names, ensure_topics, parse_event
 from services.shared.redis_client import connect_redis
-from services.shared.signing import CommandVerifier
 
 log = logging.getLogger("clusterwarden.bench.fleet_sim")
 

@@ -40,11 +40,11 @@ from agent import fleet
 from agent.jobs.processes import job_dir
 from agent.ml.runtime import STATUS_FILE
 from bench.common import exit_cleanly_on_sigterm, percentile
+from common.messaging import ensure_topics
+from common.signing import ensure_keypair
 from schemas.events.v1 import OutputValue, TaskEvent
 from schemas.topics import Topic, topic_name
-from services.shared.messaging import ensure_topics
 from services.shared.registry import register
-from services.shared.signing import ensure_keypair
 from warden import launcher
 
 

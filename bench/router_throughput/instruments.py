@@ -12,6 +12,7 @@ from redis.asyncio import Redis
 from redis.asyncio.connection import Connection
 from redis.typing import EncodableT
 
+from common.messaging import EventBus
 from schemas.envelope import Envelope
 from schemas.events.v1 import (
     Command,
@@ -19,7 +20,6 @@ from schemas.events.v1 import (
     ModelSelected,
 )
 from schemas.topics import Topic
-from services.shared.messaging import EventBus
 
 if TYPE_CHECKING:
     from bench.router_throughput.run import Driver

@@ -28,6 +28,9 @@ from bench.router_throughput.workload import (
     served_models,
     submission,
 )
+from common.errors import TransientError
+from common.messaging import EventBus
+from common.signing import CommandSigner
 from schemas.events.v1 import (
     Command,
     CommandResult,
@@ -39,11 +42,8 @@ from services.router.handlers import Router
 from services.router.registry import Registry
 from services.router.settings import RouterSettings
 from services.router.stats_store import StatsStore
-from services.shared.errors import TransientError
-from services.shared.messaging import EventBus
 from services.shared.redis_client import Keys
 from services.shared.registry import register_nodes
-from services.shared.signing import CommandSigner
 
 # A message one of the driver's queues carries to the router.
 M = TypeVar("M")
@@ -311,9 +311,9 @@ async def with_router(settings: RouterSettings, publish: bool,
                       run: Callable[[Router, Tap], Awaitable[None]]) -> None:
     """Build the router as the service does (the broker connected when `publish`), run
     `run`, then clean up the namespace's Redis keys."""
-    from services.shared.messaging import ensure_topics, make_broker
-    from services.shared.signing import local_signer
-    from services.shared.telemetry import setup_telemetry
+    from common.messaging import ensure_topics, make_broker
+    from common.signing import local_signer
+    from common.telemetry import setup_telemetry
 
     redis = connect_counted_redis(settings.redis_url)
     keys = Keys(settings.namespace)

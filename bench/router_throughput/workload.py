@@ -11,6 +11,7 @@ from typing import Any
 from uuid import uuid4
 
 from bench.common import percentile
+from common.signing import unb64url
 from schemas.events.v1 import (
     Command,
     CommandPayload,
@@ -22,7 +23,6 @@ from schemas.events.v1 import (
     ServedModel,
     now_utc,
 )
-from services.shared.signing import unb64url
 from tests.contracts.examples import DIGIT, examples
 
 CLUSTER = "bench"

@@ -29,7 +29,7 @@ from bench.trace_replay.traces import (
     read_philly,
     trace_time,
 )
-from services.shared.signing import verifier_from_files
+from common.signing import verifier_from_files
 
 
 @dataclass

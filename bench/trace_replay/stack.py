@@ -18,12 +18,12 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from bench.common import percentile
 from bench.fleet_sim import drop_namespace
+from common.messaging import ensure_topics
+from common.signing import ensure_keypair
 from schemas.envelope import Envelope
 from schemas.events.v1 import NodeState, OpsNeed, PoolHealth
 from schemas.topics import Topic, topic_name
-from services.shared.messaging import ensure_topics
 from services.shared.registry import register
-from services.shared.signing import ensure_keypair
 from warden import launcher
 
 CLUSTER = "replay"

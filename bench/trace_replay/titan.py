@@ -30,8 +30,8 @@ from bench.trace_replay.traces import (
     titan_faults,
     trace_time,
 )
+from common.signing import verifier_from_files
 from schemas.events.v1 import OpsNeed
-from services.shared.signing import verifier_from_files
 
 
 @dataclass(frozen=True)

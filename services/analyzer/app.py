@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from faststream import FastStream
 
+from common.messaging import EventBus, make_broker, subscribe
+from common.telemetry import setup_telemetry
 from schemas.topics import Topic
 from services.analyzer.handlers import Analyzer
 from services.analyzer.needs import enabled
 from services.analyzer.settings import AnalyzerSettings
 from services.analyzer.store import AnalyzerStore, PoolStore
-from services.shared.messaging import EventBus, make_broker, subscribe
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import build_app
-from services.shared.telemetry import setup_telemetry
 
 
 def create_app(settings: AnalyzerSettings | None = None) -> FastStream:

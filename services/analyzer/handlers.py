@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from uuid import uuid5
 
+from common.clock import Clock
+from common.messaging import EventBus
 from schemas import ids
 from schemas.events.v1 import (
     NodeState,
@@ -27,8 +29,6 @@ from services.analyzer.needs import NeedModule
 from services.analyzer.observation import NodeObservation, PoolObservation
 from services.analyzer.settings import AnalyzerSettings
 from services.analyzer.store import AnalyzerStore, FatalEpisode, PoolStore
-from services.shared.clock import Clock
-from services.shared.messaging import EventBus
 from services.shared.redis_client import Keys
 
 log = logging.getLogger("clusterwarden.analyzer")

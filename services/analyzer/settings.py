@@ -6,12 +6,12 @@ from typing import Any, Self
 from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from common.settings import ServiceSettings
 from schemas.ranges import Band, Ranges
 from services.analyzer.needs.load_balance import Args as LoadBalanceArgs
 from services.analyzer.needs.offline import Args as OfflineArgs
 from services.analyzer.needs.online import Args as OnlineArgs
 from services.analyzer.needs.scale import Args as ScaleArgs
-from services.shared.settings import ServiceSettings
 
 
 class AnalyzerSettings(ServiceSettings):

@@ -19,6 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
+from common.telemetry import setup_telemetry
 from services.analyzer.settings import AnalyzerSettings
 from services.api import templates
 from services.api.auth import load_tokens
@@ -33,7 +34,6 @@ from services.api.settings import ApiSettings
 from services.scheduler.settings import SchedulerSettings
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import configure_logging
-from services.shared.telemetry import setup_telemetry
 from services.store.db import migrate, open_store
 from services.store.settings import default_database_url
 

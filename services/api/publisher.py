@@ -15,11 +15,11 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 from faststream.kafka import KafkaBroker
 
+from common.messaging import EventBus, make_broker
+from common.settings import ServiceSettings
+from common.telemetry import Telemetry
 from schemas.envelope import Envelope
 from schemas.topics import PARTITIONS, Topic, topic_name
-from services.shared.messaging import EventBus, make_broker
-from services.shared.settings import ServiceSettings
-from services.shared.telemetry import Telemetry
 
 log = logging.getLogger("clusterwarden.api")
 # What the API publishes: operators' controls, the alert announcing a breaker reset, and ML

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
-from services.shared.settings import ServiceSettings
+from common.settings import ServiceSettings
 
 DEFAULT_PORT = 18080
 

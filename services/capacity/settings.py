@@ -8,7 +8,7 @@ from typing import Self
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from services.shared.settings import ServiceSettings
+from common.settings import ServiceSettings
 
 _NODE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from faststream import FastStream
 
+from common.messaging import BulkPublisher, EventBus, make_broker, subscribe
+from common.signing import local_signer
+from common.telemetry import setup_telemetry
 from schemas.topics import Topic
 from services.collector.handlers import Collector, Prober
 from services.collector.settings import CollectorSettings
 from services.collector.store import NodeStore, ProbeStore
-from services.shared.messaging import BulkPublisher, EventBus, make_broker, subscribe
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import build_app
-from services.shared.signing import local_signer
-from services.shared.telemetry import setup_telemetry
 
 
 def create_app(settings: CollectorSettings | None = None) -> FastStream:

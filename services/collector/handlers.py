@@ -14,6 +14,11 @@ from faststream.kafka import KafkaMessage
 from opentelemetry import metrics, trace
 from pydantic import ValidationError
 
+from common.clock import Clock
+from common.deadletter import DeadLetterPolicy, classify, records_of
+from common.errors import PermanentError
+from common.messaging import BulkPublisher, EventBus, parse_event
+from common.signing import CommandSigner
 from schemas.events.v1 import (
     CommandPayload,
     CommandResult,
@@ -31,11 +36,6 @@ from schemas.topics import Topic
 from services.collector import policy
 from services.collector.settings import CollectorSettings
 from services.collector.store import NodeStore, ProbeStore, epoch_to_datetime
-from services.shared.clock import Clock
-from services.shared.deadletter import DeadLetterPolicy, classify, records_of
-from services.shared.errors import PermanentError
-from services.shared.messaging import BulkPublisher, EventBus, parse_event
-from services.shared.signing import CommandSigner
 
 log = logging.getLogger("clusterwarden.collector")
 SOURCE = "collector"

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from faststream import FastStream
 
+from common.messaging import EventBus, make_broker, subscribe
+from common.signing import local_signer
+from common.telemetry import setup_telemetry
 from schemas.topics import Topic
 from services.executor.handlers import Executor
 from services.executor.journal import Journal
 from services.executor.settings import ExecutorSettings
-from services.shared.messaging import EventBus, make_broker, subscribe
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import build_app
-from services.shared.signing import local_signer
-from services.shared.telemetry import setup_telemetry
 
 
 def create_app(settings: ExecutorSettings | None = None) -> FastStream:

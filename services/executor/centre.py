@@ -24,6 +24,8 @@ from cryptography.hazmat.primitives import serialization
 from pydantic import TypeAdapter
 from redis.asyncio import Redis
 
+from common.clock import Clock
+from common.signing import ensure_keypair, key_id, load_private_key
 from schemas import ids
 from schemas.envelope import short_text
 from schemas.events.v1 import (
@@ -61,10 +63,8 @@ from services.executor.planning import (
 )
 from services.executor.ports import CentreResult, Completed, Failed, GuardCheck, Waiting
 from services.executor.settings import ExecutorSettings
-from services.shared.clock import Clock
 from services.shared.locks import job_lock, node_lock
 from services.shared.redis_client import Keys, text
-from services.shared.signing import ensure_keypair, key_id, load_private_key
 
 log = logging.getLogger("clusterwarden.executor.centre")
 _OUTPUTS = TypeAdapter(dict[str, OutputValue])

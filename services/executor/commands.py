@@ -12,6 +12,8 @@ import os
 from datetime import datetime, timedelta
 from uuid import UUID, uuid5
 
+from common.clock import Clock
+from common.signing import CommandSigner
 from schemas import ids
 from schemas.events.v1 import (
     Action,
@@ -29,8 +31,6 @@ from services.executor.events import SOURCE
 from services.executor.journal import Journal, Workflow
 from services.executor.ports import Publisher
 from services.executor.settings import ExecutorSettings
-from services.shared.clock import Clock
-from services.shared.signing import CommandSigner
 
 log = logging.getLogger("clusterwarden.executor")
 _CENTRE_TYPES = (AddCapacity, RemoveCapacity, MigrateJobs, ReleaseNode)

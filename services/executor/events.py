@@ -9,12 +9,12 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID, uuid5
 
+from common.clock import Clock
 from schemas import ids
 from schemas.envelope import short_text
 from schemas.events.v1 import OpsTask, StepState, TaskControl, TaskEvent, TaskState
 from schemas.topics import Topic
 from services.executor.ports import Publisher
-from services.shared.clock import Clock
 
 SOURCE = "executor"
 MAX_OUTPUTS = 32  # the schema's bound on TaskEvent.outputs

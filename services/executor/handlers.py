@@ -16,6 +16,8 @@ import logging
 
 from redis.asyncio import Redis
 
+from common.clock import Clock
+from common.signing import CommandSigner
 from schemas.events.v1 import CommandResult, TaskControl, TaskScheduled, now_utc
 from services.executor.commands import CommandSender
 from services.executor.events import TaskEvents
@@ -25,10 +27,8 @@ from services.executor.ports import CentreActions, Publisher
 from services.executor.recovery import Recovery
 from services.executor.settings import ExecutorSettings
 from services.executor.workflow import WorkflowCore
-from services.shared.clock import Clock
 from services.shared.locks import Locks
 from services.shared.redis_client import Keys
-from services.shared.signing import CommandSigner
 
 log = logging.getLogger("clusterwarden.executor")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from uuid import UUID, uuid5
 
+from common.errors import TransientError
 from schemas import ids
 from schemas.envelope import short_text
 from schemas.events.v1 import TaskControl, TaskState
@@ -21,7 +22,6 @@ from services.executor.events import TaskEvents
 from services.executor.journal import Journal, Patch, PauseRequest, Transition, Workflow
 from services.executor.settings import ExecutorSettings
 from services.executor.workflow import WorkflowCore
-from services.shared.errors import TransientError
 from services.shared.locks import Locks, lock_ttl_s
 
 log = logging.getLogger("clusterwarden.executor")

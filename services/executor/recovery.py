@@ -15,14 +15,14 @@ from dataclasses import replace
 from datetime import timedelta
 from uuid import UUID
 
+from common.clock import Clock
+from common.errors import INFRASTRUCTURE_ERRORS
 from schemas.events.v1 import CommandResult, Step
 from services.executor.commands import CommandSender, agent_action, query_id_for
 from services.executor.events import TaskEvents
 from services.executor.journal import Journal, Workflow, epoch_ms
 from services.executor.settings import ExecutorSettings
 from services.executor.workflow import WorkflowCore
-from services.shared.clock import Clock
-from services.shared.errors import INFRASTRUCTURE_ERRORS
 
 log = logging.getLogger("clusterwarden.executor")
 

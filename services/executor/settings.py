@@ -3,7 +3,7 @@
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from services.shared.settings import ServiceSettings
+from common.settings import ServiceSettings
 
 
 class ExecutorSettings(ServiceSettings):

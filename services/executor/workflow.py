@@ -17,6 +17,8 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
+from common.clock import Clock
+from common.errors import INFRASTRUCTURE_ERRORS
 from schemas.envelope import short_text
 from schemas.events.v1 import (
     CommandResult,
@@ -49,8 +51,6 @@ from services.executor.ports import (
     Waiting,
 )
 from services.executor.settings import ExecutorSettings
-from services.shared.clock import Clock
-from services.shared.errors import INFRASTRUCTURE_ERRORS
 from services.shared.locks import Locks
 
 log = logging.getLogger("clusterwarden.executor")

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 from faststream import FastStream
 
+from common.messaging import EventBus, make_broker, subscribe
+from common.signing import local_signer
+from common.telemetry import setup_telemetry
 from schemas.topics import Topic
 from services.router.handlers import ReportFeed, Router
 from services.router.registry import Registry
 from services.router.settings import RouterSettings
 from services.router.stats_store import StatsStore
-from services.shared.messaging import EventBus, make_broker, subscribe
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import build_app
-from services.shared.signing import local_signer
-from services.shared.telemetry import setup_telemetry
 
 
 def create_app(settings: RouterSettings | None = None) -> FastStream:

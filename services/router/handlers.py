@@ -31,6 +31,11 @@ from pydantic import ValidationError
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
+from common.clock import EpochClock
+from common.deadletter import DeadLetterPolicy, classify, records_of
+from common.errors import PermanentError
+from common.messaging import EventBus, parse_event
+from common.signing import CommandSigner
 from schemas.catalog import TOPIC_MODELS
 from schemas.envelope import Envelope, short_text
 from schemas.events.v1 import CommandResult, InferenceCause, MlTaskSubmitted, NodeReport
@@ -67,12 +72,7 @@ from services.router.registry import (
 )
 from services.router.settings import RouterSettings
 from services.router.stats_store import StatsStore, begin_writes, is_arm, optimistic
-from services.shared.clock import EpochClock
-from services.shared.deadletter import DeadLetterPolicy, classify, records_of
-from services.shared.errors import PermanentError
-from services.shared.messaging import EventBus, parse_event
 from services.shared.redis_client import Keys, text
-from services.shared.signing import CommandSigner
 
 log = logging.getLogger("clusterwarden.router")
 

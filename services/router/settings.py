@@ -5,8 +5,8 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from common.settings import ServiceSettings
 from services.router.policy.config import SelectorConfig
-from services.shared.settings import ServiceSettings
 
 
 class RouterSettings(ServiceSettings):

@@ -19,9 +19,9 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import WatchError
 
+from common.errors import TransientError
 from services.router.policy.codec import decode_arm, decode_counts, encode_arm, encode_counts
 from services.router.policy.stats import StatsSnapshot
-from services.shared.errors import TransientError
 from services.shared.redis_client import Keys
 
 T = TypeVar("T")

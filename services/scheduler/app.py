@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from faststream import FastStream
 
+from common.messaging import EventBus, make_broker, subscribe
+from common.telemetry import setup_telemetry
 from schemas.topics import Topic
 from services.scheduler.breaker_store import BreakerStore
 from services.scheduler.handlers import Scheduler
@@ -11,10 +13,8 @@ from services.scheduler.queue import TaskQueue
 from services.scheduler.rate_limit import RateLimiter
 from services.scheduler.safety_store import SafetyStore
 from services.scheduler.settings import SchedulerSettings
-from services.shared.messaging import EventBus, make_broker, subscribe
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import build_app
-from services.shared.telemetry import setup_telemetry
 
 
 def create_app(settings: SchedulerSettings | None = None) -> FastStream:

@@ -17,12 +17,12 @@ from typing import Literal
 
 from redis.asyncio import Redis
 
+from common.clock import EpochClock
+from common.errors import INFRASTRUCTURE_ERRORS
 from schemas.events.v1 import OpsTask
 from services.scheduler import breaker
 from services.scheduler.breaker import BreakerConfig, BreakerState, Decision, Outcome
 from services.shared.audit import AuditLog, AuditRecord, Role, VersionedWrite
-from services.shared.clock import EpochClock
-from services.shared.errors import INFRASTRUCTURE_ERRORS
 from services.shared.locks import Locks
 from services.shared.redis_client import Keys, text
 

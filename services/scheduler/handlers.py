@@ -15,6 +15,8 @@ from datetime import datetime
 from typing import Literal
 from uuid import uuid4, uuid5
 
+from common.clock import Clock
+from common.messaging import EventBus
 from schemas import ids
 from schemas.envelope import IDENTIFIER_MAX, short_text
 from schemas.events.v1 import (
@@ -35,9 +37,7 @@ from services.scheduler.rate_limit import RateLimiter, RateLimitUnreadable
 from services.scheduler.safety import Verdict
 from services.scheduler.safety_store import SafetyStore, SafetyUnreadable
 from services.scheduler.settings import SchedulerSettings
-from services.shared.clock import Clock
 from services.shared.locks import lock_ttl_s
-from services.shared.messaging import EventBus
 
 log = logging.getLogger("clusterwarden.scheduler")
 SOURCE = "scheduler"

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from services.shared.clock import EpochClock
-from services.shared.errors import INFRASTRUCTURE_ERRORS
+from common.clock import EpochClock
+from common.errors import INFRASTRUCTURE_ERRORS
 from services.shared.redis_client import Keys, text
 
 # KEYS[1] bucket hash {tokens, at}; ARGV[1] rate per s, ARGV[2] burst, ARGV[3] now (epoch s),

@@ -8,8 +8,8 @@ from typing import Literal
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
+from common.errors import INFRASTRUCTURE_ERRORS
 from schemas.events.v1 import OpsTask, PoolHealth
-from services.shared.errors import INFRASTRUCTURE_ERRORS
 from services.shared.redis_client import Keys, text
 
 # Task id -> (cluster, pool), so a final TaskEvent (which carries no pool) finds its entry;

@@ -3,9 +3,9 @@
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from common.settings import ServiceSettings
 from services.scheduler import safety
 from services.scheduler.breaker import DEFAULT_DISRUPTIVE_KINDS, BreakerConfig, BreakerScope
-from services.shared.settings import ServiceSettings
 
 
 class SchedulerSettings(ServiceSettings):

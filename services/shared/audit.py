@@ -27,8 +27,8 @@ from typing import Annotated, Literal, cast
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 from redis.asyncio import Redis
 
+from common.clock import EpochClock
 from schemas.envelope import SHORT_TEXT_MAX, Identifier, Reason, ShortText
-from services.shared.clock import EpochClock
 from services.shared.redis_client import Keys, text
 
 GENESIS = "0" * 64

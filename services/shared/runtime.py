@@ -11,9 +11,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from faststream import FastStream
 from faststream.kafka import KafkaBroker
 
-from services.shared.messaging import ensure_topics
-from services.shared.settings import ServiceSettings
-from services.shared.telemetry import shutdown_telemetry
+from common.messaging import ensure_topics
+from common.settings import ServiceSettings
+from common.telemetry import shutdown_telemetry
 
 log = logging.getLogger("clusterwarden.runtime")
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from faststream import FastStream
 
+from common.messaging import make_broker, subscribe
+from common.telemetry import setup_telemetry
 from schemas.topics import Topic
-from services.shared.messaging import make_broker, subscribe
 from services.shared.runtime import build_app
-from services.shared.telemetry import setup_telemetry
 from services.store.db import migrate, open_store
 from services.store.ml import MlRecorder
 from services.store.recorder import Recorder

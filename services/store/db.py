@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
-from services.shared.errors import InfrastructureUnavailable
+from common.errors import InfrastructureUnavailable
 
 log = logging.getLogger("clusterwarden.store")
 T = TypeVar("T")

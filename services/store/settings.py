@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from services.shared.settings import ServiceSettings
+from common.settings import ServiceSettings
 
 DATABASE_FILE = "warden.db"
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 from faststream import FastStream
 
+from common.messaging import EventBus, make_broker, subscribe
+from common.telemetry import setup_telemetry
 from schemas.topics import Topic
-from services.shared.messaging import EventBus, make_broker, subscribe
 from services.shared.runtime import build_app
-from services.shared.telemetry import setup_telemetry
 from services.templater.handlers import Templater
 from services.templater.settings import TemplaterSettings
 from services.templater.templates import TEMPLATE_DIR, load_templates

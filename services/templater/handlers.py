@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 from uuid import uuid5
 
+from common.errors import PermanentError
+from common.messaging import EventBus
 from schemas import ids
 from schemas.events.v1 import NeedKind, OpsNeed, TaskEvent, now_utc
 from schemas.topics import Topic
-from services.shared.errors import PermanentError
-from services.shared.messaging import EventBus
 from services.templater.templates import PlanError, Template, plan
 
 log = logging.getLogger("clusterwarden.templater")

@@ -12,6 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from common.errors import PermanentError, describe_validation_error
+from common.messaging import parse_event
 from schemas.catalog import TOPIC_MODELS
 from schemas.events.v1 import (
     EVENT_MODELS,
@@ -23,8 +25,6 @@ from schemas.events.v1 import (
     ProbeNode,
 )
 from schemas.ranges import DEFAULT_RANGES, Ranges
-from services.shared.errors import PermanentError, describe_validation_error
-from services.shared.messaging import parse_event
 from tests.contracts.examples import GOLDEN, examples
 
 

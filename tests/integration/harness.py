@@ -13,9 +13,9 @@ from typing import Any, Protocol
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from common.messaging import delete_topics, ensure_topics
 from schemas.events.v1 import TaskEvent
 from schemas.topics import Topic, topic_name
-from services.shared.messaging import delete_topics, ensure_topics
 from tests.waiting import eventually
 from warden import launcher
 

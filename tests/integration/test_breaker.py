@@ -10,13 +10,13 @@ from pathlib import Path
 from redis.asyncio import Redis
 
 from agent import fleet
+from common.signing import ensure_keypair
 from schemas.events.v1 import Alert
 from schemas.topics import Topic
 from services.scheduler.breaker import BreakerConfig, Outcome
 from services.scheduler.breaker_store import UNREADABLE, BreakerStore
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.registry import register
-from services.shared.signing import ensure_keypair
 from tests.integration.harness import (
     Record,
     Tap,

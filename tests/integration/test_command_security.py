@@ -21,6 +21,15 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from agent import fleet
 from agent.journal import JOURNAL_FILE
+from common.messaging import ensure_topics
+from common.signing import (
+    CommandSigner,
+    b64url,
+    ensure_keypair,
+    key_id,
+    signer_from_file,
+    unb64url,
+)
 from schemas.events.v1 import (
     Action,
     Command,
@@ -34,15 +43,6 @@ from schemas.events.v1 import (
     now_utc,
 )
 from schemas.topics import PARTITIONS, Topic, dead_letter_name
-from services.shared.messaging import ensure_topics
-from services.shared.signing import (
-    CommandSigner,
-    b64url,
-    ensure_keypair,
-    key_id,
-    signer_from_file,
-    unb64url,
-)
 from tests.integration.harness import Record, Tap, name, producer, tap
 
 NODE = "node-001"

@@ -34,10 +34,10 @@ import pytest
 from playwright.async_api import Page, async_playwright, expect
 
 from agent import fleet
+from common.signing import ensure_keypair
 from schemas.events.v1 import TaskEvent, now_utc
 from schemas.topics import Topic
 from services.shared.registry import register
-from services.shared.signing import ensure_keypair
 from services.store.db import migrate, open_store
 from services.store.queries import get_task, list_audit
 from tests.integration.harness import (

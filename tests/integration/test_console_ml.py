@@ -29,8 +29,8 @@ from playwright.async_api import Page, async_playwright, expect
 
 from agent import fleet
 from agent.ml.data import PIXEL_MAX, digits, split
+from common.signing import ensure_keypair
 from services.shared.registry import register
-from services.shared.signing import ensure_keypair
 from services.store.db import migrate
 from tests.integration.harness import services, stack_env, until
 from tests.integration.test_console import (

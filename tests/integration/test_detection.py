@@ -9,11 +9,11 @@ from pathlib import Path
 from redis.asyncio import Redis
 
 from agent import fleet
+from common.signing import ensure_keypair
 from schemas.events.v1 import OpsNeed, Sample, SampleBatch, now_utc
 from schemas.topics import Topic
 from services.shared.redis_client import Keys
 from services.shared.registry import register
-from services.shared.signing import ensure_keypair
 from tests.integration.harness import (
     Record,
     Tap,

@@ -15,10 +15,10 @@ from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 
 from agent import fleet
 from agent.journal import JOURNAL_FILE
+from common.signing import ensure_keypair
 from schemas.events.v1 import TaskEvent
 from schemas.topics import Topic
 from services.shared.registry import register
-from services.shared.signing import ensure_keypair
 from tests.integration.harness import (
     Record,
     is_success_of,

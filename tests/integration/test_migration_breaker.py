@@ -16,6 +16,7 @@ from uuid import UUID
 import pytest
 
 from agent import fleet
+from common.signing import ensure_keypair
 from schemas.events.v1 import Alert, NodeReport, OpsTask, TaskEvent
 from schemas.topics import Topic
 from services.scheduler.breaker import BreakerConfig
@@ -23,7 +24,6 @@ from services.scheduler.breaker_store import BreakerStore
 from services.shared.audit import AuditLog
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.registry import register
-from services.shared.signing import ensure_keypair
 from services.store.db import migrate, open_store
 from services.store.queries import list_audit
 from tests.integration.harness import (

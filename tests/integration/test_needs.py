@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from agent import fleet
+from common.signing import ensure_keypair
 from schemas.events.v1 import NodeState, OpsNeed, PoolHealth, now_utc
 from schemas.topics import Topic
 from services.shared.registry import register
-from services.shared.signing import ensure_keypair
 from tests.integration.harness import (
     SMALL_POOL_SAFETY,
     Record,

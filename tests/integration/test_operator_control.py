@@ -22,6 +22,7 @@ from aiokafka import AIOKafkaProducer
 
 from agent import fleet
 from agent.journal import JOURNAL_FILE
+from common.signing import ensure_keypair, unb64url
 from schemas.events.v1 import (
     Command,
     CommandPayload,
@@ -32,7 +33,6 @@ from schemas.events.v1 import (
 from schemas.topics import Topic
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.registry import register
-from services.shared.signing import ensure_keypair, unb64url
 from tests.integration.harness import (
     Record,
     Tap,

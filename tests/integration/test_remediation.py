@@ -10,10 +10,10 @@ from pathlib import Path
 from agent import fleet
 from agent.jobs.processes import job_dir
 from agent.ml.runtime import STATUS_FILE
+from common.signing import ensure_keypair
 from schemas.events.v1 import TaskEvent
 from schemas.topics import Topic
 from services.shared.registry import register
-from services.shared.signing import ensure_keypair
 from tests.integration.harness import (
     Tap,
     is_up,

@@ -32,12 +32,12 @@ from redis.asyncio import Redis
 from agent import fleet
 from agent.faults import ModelFault
 from agent.ml.data import PIXEL_MAX, digits, split
+from common.signing import ensure_keypair
 from schemas.events.v1 import MlTaskOutcome, MlTaskSubmitted, ModelSelected, now_utc
 from schemas.topics import Topic
 from services.router.registry import NodeModels
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.registry import register
-from services.shared.signing import ensure_keypair
 from services.store.db import migrate
 from tests.integration.harness import name, read_to_end, services, stack_env, until
 from tests.integration.test_console import free_port, wait_healthy

@@ -10,11 +10,11 @@ from uuid import UUID
 import pytest
 
 from agent import fleet
+from common.signing import ensure_keypair
 from schemas.events.v1 import NodeReport, OpsTask, TaskEvent
 from schemas.topics import Topic
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.registry import register, registered_nodes
-from services.shared.signing import ensure_keypair
 from tests.integration.harness import (
     SMALL_POOL_SAFETY,
     Tap,

@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 from agent import fleet
+from common.signing import ensure_keypair
 from schemas.topics import Topic
 from services.shared.registry import register
-from services.shared.signing import ensure_keypair
 from tests.integration.harness import (
     SMALL_POOL_SAFETY,
     is_success_of,

@@ -6,10 +6,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent import fleet
+from common.signing import ensure_keypair
 from schemas.events.v1 import OpsNeed, PoolHealth
 from schemas.topics import Topic
 from services.shared.registry import register
-from services.shared.signing import ensure_keypair
 from tests.integration.harness import Record, name, services, stack_env, tap
 
 

@@ -50,7 +50,7 @@ def test_namespaces_are_distinct() -> None:
 
 def test_no_module_makes_a_namespace_of_its_own() -> None:
     made_here = re.compile(r"uuid5\(\s*NAMESPACE_|NAMESPACE_(URL|DNS|OID|X500)\b")
-    for package in ("schemas", "services", "agent"):
+    for package in ("schemas", "common", "services", "agent"):
         for path in (ROOT / package).rglob("*.py"):
             if path == ROOT / "schemas" / "ids.py":
                 continue

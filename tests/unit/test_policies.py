@@ -11,14 +11,14 @@ from aiokafka.errors import KafkaConnectionError
 from pydantic import ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from common.deadletter import classify
+from common.errors import PermanentError, TransientError
 from schemas.events.v1 import Fault, NodeReport, NodeStateName, OpsNeed, OpsTask, Sample
 from services.analyzer.needs import REGISTRY, enabled
 from services.analyzer.needs.offline import Args, detect
 from services.analyzer.observation import NodeObservation
 from services.collector import policy as collector
 from services.scheduler import policy as scheduler
-from services.shared.deadletter import classify
-from services.shared.errors import PermanentError, TransientError
 from services.shared.locks import lock_ttl_s
 from services.templater.templates import TemplateError, load_template, load_templates, plan
 from tests.contracts.examples import example

@@ -12,10 +12,10 @@ from typing import Annotated, TypeVar
 import typer
 from pydantic import SecretStr, TypeAdapter, ValidationError
 
+from common.settings import ServiceSettings
 from schemas.envelope import Identifier, Reason
 from services.api.client import ApiClient, ApiError, ClientSettings
 from services.shared.registry import register
-from services.shared.settings import ServiceSettings
 
 
 def service_settings() -> ServiceSettings:

@@ -10,8 +10,8 @@ from typing import Annotated
 import typer
 
 from agent.ml.serving import STANDARD_MODELS
-from services.shared.messaging import ensure_topics
-from services.shared.signing import ensure_keypair
+from common.messaging import ensure_topics
+from common.signing import ensure_keypair
 from warden import launcher
 from warden.cli import common
 from warden.cli.common import api_url, enrol, service_env, service_settings, state_dir

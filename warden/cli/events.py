@@ -11,10 +11,10 @@ from collections.abc import Mapping
 import typer
 from aiokafka import AIOKafkaConsumer
 
+from common.settings import ServiceSettings
 from schemas.catalog import TOPIC_MODELS
 from schemas.events.v1 import Alert, NodeState, OpsNeed, TaskEvent
 from schemas.topics import Topic, topic_name
-from services.shared.settings import ServiceSettings
 from warden.cli.common import service_settings
 
 WATCHED = (Topic.OPS_NODE_STATE, Topic.OPS_NEEDS, Topic.OPS_TASK_EVENTS, Topic.OPS_ALERTS)

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from agent.ml.serving import STANDARD_MODELS, parse_models
-from services.shared.signing import ensure_keypair
+from common.signing import ensure_keypair
 from warden.cli.common import enrol, service_env, service_settings, state_dir
 
 app = typer.Typer(help="A local fleet of agent processes.", no_args_is_help=True)

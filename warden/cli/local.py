@@ -8,9 +8,9 @@ import time
 
 import typer
 
-from services.shared.messaging import ensure_topics
-from services.shared.settings import ServiceSettings
-from services.shared.signing import ensure_keypair
+from common.messaging import ensure_topics
+from common.settings import ServiceSettings
+from common.signing import ensure_keypair
 from warden import launcher
 from warden.cli.common import (
     LOCAL_ADMIN,

@@ -18,6 +18,7 @@ import pytest
 from redis.asyncio import Redis
 
 from agent import fleet
+from common.signing import ensure_keypair
 from services.capacity.local import LocalProvider
 from services.capacity.provider import (
     PROVIDERS,
@@ -29,7 +30,6 @@ from services.capacity.provider import (
 from services.capacity.settings import CapacitySettings
 from services.shared.redis_client import Keys, text
 from services.shared.registry import register_nodes, registered_nodes
-from services.shared.signing import ensure_keypair
 
 CLUSTER = "c1"
 

@@ -14,6 +14,7 @@ from uuid import UUID, uuid4
 import pytest
 from redis.asyncio import Redis
 
+from common.signing import ensure_keypair, signer_from_file, unb64url
 from schemas.envelope import Envelope
 from schemas.events.v1 import (
     AddCapacity,
@@ -38,7 +39,6 @@ from services.executor.journal import Journal, Workflow
 from services.executor.ports import CentreResult, Completed, Failed, GuardCheck, Waiting
 from services.executor.settings import ExecutorSettings
 from services.shared.redis_client import Keys, text
-from services.shared.signing import ensure_keypair, signer_from_file, unb64url
 
 CLUSTER = "c1"
 NODE = "n1"

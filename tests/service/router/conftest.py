@@ -13,6 +13,13 @@ from uuid import UUID, uuid4
 import pytest
 from redis.asyncio import Redis
 
+from common.messaging import EventBus
+from common.signing import (
+    CommandVerifier,
+    ensure_keypair,
+    signer_from_file,
+    verifier_from_files,
+)
 from schemas.envelope import Envelope
 from schemas.events.v1 import (
     CommandPayload,
@@ -31,15 +38,8 @@ from services.router.handlers import Router
 from services.router.registry import Registry
 from services.router.settings import RouterSettings
 from services.router.stats_store import StatsStore
-from services.shared.messaging import EventBus
 from services.shared.redis_client import Keys
 from services.shared.registry import register_nodes
-from services.shared.signing import (
-    CommandVerifier,
-    ensure_keypair,
-    signer_from_file,
-    verifier_from_files,
-)
 from tests.contracts.examples import DIGIT, examples
 from tests.unit.router.helpers import served
 

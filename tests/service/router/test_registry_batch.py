@@ -13,10 +13,10 @@ from aiokafka.structs import ConsumerRecord
 from faststream.kafka import KafkaMessage
 from redis.asyncio import Redis
 
+from common.deadletter import DeadLetterPolicy
 from schemas.events.v1 import NodeReport, ServedModel
 from services.router.handlers import ReportFeed
 from services.router.registry import Registry
-from services.shared.deadletter import DeadLetterPolicy
 from services.shared.redis_client import Keys
 from services.shared.registry import register_nodes
 from tests.contracts.examples import examples

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from uuid import UUID, uuid4
 
+from common.messaging import EventBus
 from schemas.envelope import Envelope
 from schemas.events.v1 import (
     NodeStateName,
@@ -16,7 +17,6 @@ from schemas.events.v1 import (
     now_utc,
 )
 from schemas.topics import Topic
-from services.shared.messaging import EventBus
 from tests.contracts.examples import example
 
 

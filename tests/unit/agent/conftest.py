@@ -18,14 +18,14 @@ from agent.faults import read_faults
 from agent.jobs.runner import JobRunner
 from agent.journal import Journal
 from agent.store import CheckpointStore
-from schemas.events.v1 import Action, Command, CommandPayload, CommandResult, DrainNode
-from services.shared.signing import (
+from common.signing import (
     CommandSigner,
     CommandVerifier,
     ensure_keypair,
     signer_from_file,
     verifier_from_files,
 )
+from schemas.events.v1 import Action, Command, CommandPayload, CommandResult, DrainNode
 
 NODE = "node-001"
 CLUSTER = "local"

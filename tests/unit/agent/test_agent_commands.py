@@ -15,6 +15,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from agent.commands import CommandExecutor
 from agent.faults import FaultPlan, write_faults
 from agent.journal import Journal
+from common.errors import PermanentError
+from common.signing import CommandVerifier, b64url
 from schemas.events.v1 import (
     Cancel,
     Command,
@@ -30,8 +32,6 @@ from schemas.events.v1 import (
     StopJob,
     UndrainNode,
 )
-from services.shared.errors import PermanentError
-from services.shared.signing import CommandVerifier, b64url
 
 NODE = "node-001"
 

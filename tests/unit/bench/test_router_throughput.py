@@ -21,13 +21,13 @@ from bench.router_throughput.workload import (
     submission,
     table,
 )
+from common.signing import ensure_keypair, signer_from_file, unb64url
 from schemas.events.v1 import CommandPayload, NodeReport, RunInference, now_utc
 from services.router.decisions import inference_payload
 from services.router.policy.selector import Candidate
 from services.router.records import AttemptRecord
 from services.router.registry import NodeModels, candidates
 from services.router.settings import RouterSettings
-from services.shared.signing import ensure_keypair, signer_from_file, unb64url
 
 
 def test_reports_serve_every_model_on_every_node() -> None:

@@ -30,6 +30,7 @@ from bench.trace_replay.traces import (
     titan_faults,
     trace_time,
 )
+from common.signing import ensure_keypair, signer_from_file, verifier_from_files
 from schemas.events.v1 import (
     CommandPayload,
     DrainNode,
@@ -40,7 +41,6 @@ from schemas.events.v1 import (
     ProbeNode,
 )
 from services.analyzer.faults import FaultArgs, classify
-from services.shared.signing import ensure_keypair, signer_from_file, verifier_from_files
 
 NOW = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 

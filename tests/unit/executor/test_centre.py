@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from common.signing import ensure_keypair, key_id, load_public_key, signer_from_file
 from services.executor.centre import agent_environment, executor_public_key
-from services.shared.signing import ensure_keypair, key_id, load_public_key, signer_from_file
 
 
 def test_standby_agents_inherit_only_what_they_need() -> None:

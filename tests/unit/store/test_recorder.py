@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from sqlalchemy import delete, func, select
 
+from common.errors import InfrastructureUnavailable
 from schemas.events.v1 import TaskEvent
-from services.shared.errors import InfrastructureUnavailable
 from services.store.db import Store, open_store
 from services.store.models import AuditEntry, StepRecord, Task, Transition
 from services.store.queries import get_task

@@ -8,11 +8,11 @@ from typing import get_args
 import pytest
 import yaml
 
+from common.errors import PermanentError
+from common.messaging import EventBus
 from schemas.envelope import Envelope
 from schemas.events.v1 import NeedKind, OpsNeed, OpsTask, TaskEvent
 from schemas.topics import Topic
-from services.shared.errors import PermanentError
-from services.shared.messaging import EventBus
 from services.templater.handlers import Templater
 from services.templater.templates import load_templates
 from tests.contracts.examples import example

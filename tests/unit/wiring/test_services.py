@@ -20,6 +20,7 @@ from faststream.kafka import KafkaBroker
 from agent import app as agent_app
 from agent.app import Agent
 from agent.settings import AgentSettings
+from common.settings import ServiceSettings
 from schemas.catalog import TOPIC_MODELS
 from schemas.topics import Topic
 from services.analyzer import app as analyzer_app
@@ -37,7 +38,6 @@ from services.router.settings import RouterSettings
 from services.scheduler import app as scheduler_app
 from services.scheduler.handlers import Scheduler
 from services.scheduler.settings import SchedulerSettings
-from services.shared.settings import ServiceSettings
 from services.store import app as store_app
 from services.store.ml import MlRecorder
 from services.store.recorder import Recorder as TaskRecorder

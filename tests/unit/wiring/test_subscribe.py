@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from faststream.kafka import KafkaBroker, KafkaMessage, TestKafkaBroker
 
+from common.messaging import subscribe
+from common.settings import ServiceSettings
 from schemas.events.v1 import OpsNeed, TaskEvent
 from schemas.topics import Topic
-from services.shared.messaging import subscribe
-from services.shared.settings import ServiceSettings
 from tests.unit.wiring.harness import example_of, subscriptions
 
 SETTINGS = ServiceSettings(namespace="ns")

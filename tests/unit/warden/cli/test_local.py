@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from common.settings import ServiceSettings
 from services.api.auth import load_tokens
-from services.shared.settings import ServiceSettings
 from warden.cli import common, local
 
 

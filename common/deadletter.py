@@ -27,13 +27,13 @@ from aiokafka.structs import ConsumerRecord
 from faststream import BaseMiddleware
 from pydantic import ValidationError
 
-from schemas.topics import dead_letter_name
-from services.shared.errors import (
+from common.errors import (
     INFRASTRUCTURE_ERRORS,
     PermanentError,
     TransientError,
     describe_validation_error,
 )
+from schemas.topics import dead_letter_name
 
 if TYPE_CHECKING:
     from faststream._internal.context.repository import ContextRepo

@@ -26,7 +26,7 @@ from services.router.policy.stats import (
     wilson,
 )
 from services.router.policy.updates import record
-from tests.unit.policy.helpers import CONFIG, feed
+from tests.unit.router.policy.helpers import CONFIG, feed
 
 A1 = Candidate("a:v1", "n1", "fam")
 A2 = Candidate("a:v1", "n2", "fam")

@@ -14,7 +14,7 @@ from services.router.policy.retry import Avoid
 from services.router.policy.selector import Candidate, Task, commit, replay, select
 from services.router.policy.stats import StatsSnapshot, arm_key
 from services.router.policy.updates import begin, quarantine_seconds
-from tests.unit.policy.helpers import CONFIG, feed
+from tests.unit.router.policy.helpers import CONFIG, feed
 
 A1 = Candidate("a:v1", "n1", "alpha")
 A2 = Candidate("a:v1", "n2", "alpha")

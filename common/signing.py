@@ -16,8 +16,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from common.errors import PermanentError
 from schemas.events.v1 import Command, CommandPayload, now_utc
-from services.shared.errors import PermanentError
 
 
 def b64url(data: bytes) -> str:

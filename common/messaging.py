@@ -29,13 +29,13 @@ from faststream.message import StreamMessage
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from common.deadletter import DeadLetterPolicy
+from common.errors import PermanentError
+from common.settings import ServiceSettings
+from common.telemetry import Telemetry
 from schemas.catalog import TOPIC_MODELS
 from schemas.envelope import Envelope
 from schemas.topics import PARTITIONS, Topic, dead_letter_name, topic_name
-from services.shared.deadletter import DeadLetterPolicy
-from services.shared.errors import PermanentError
-from services.shared.settings import ServiceSettings
-from services.shared.telemetry import Telemetry
 
 log = logging.getLogger("clusterwarden.messaging")
 
