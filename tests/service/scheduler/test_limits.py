@@ -221,3 +221,45 @@ async def test_a_budget_refusal_takes_no_token(redis: Redis, keys: Keys, clock: 
     await s.dispatch()
     assert dispatched(s) == []
     assert (await s.rate_limiter.take("local", "offline")).allowed
+
+
+# ------------------------------------------------------------------ alerts resolve
+
+
+async def test_a_breaker_closed_by_its_trial_resolves_its_open_alert(
+        redis: Redis, keys: Keys, clock: Clock) -> None:
+    s = scheduler(redis, keys, clock, breaker_wait_s=60.0)
+    await fail(s, *[task(f"node-{i}", kind="online") for i in range(3)])
+    (opened,) = alerts(s)
+    clock.advance(61.0)
+    trial = task("node-5", kind="online")
+    await queue(s, trial)
+    await s.dispatch()
+    await s.breakers.remember_task(trial)
+    await s.on_task_event(final_event(trial.task_id, "succeeded"))
+    assert (await s.breakers.load("local", "online"))[0].status == "CLOSED"
+    opened_again, resolved = alerts(s)
+    assert opened_again == opened
+    assert (resolved.dedup_key, resolved.status, resolved.kind) == (
+        opened.dedup_key, "resolved", "breaker_closed")
+
+
+async def test_a_short_circuit_alert_resolves_once_the_pool_is_healthy_again(
+        redis: Redis, keys: Keys, clock: Clock) -> None:
+    s = scheduler(redis, keys, clock)
+    await s.on_pool_health(pool_health({"up": 5, "down": 5}))  # half the pool unhealthy
+    await s.on_task(task("node-1"))
+    await s.dispatch()
+    assert dispatched(s) == []
+    (raised,) = alerts(s)
+    assert (raised.kind, raised.status) == ("short_circuit", "firing")
+
+    await s.on_pool_health(pool_health({"up": 5, "down": 4}))  # still sick: nothing resolves
+    assert len(alerts(s)) == 1
+    await s.on_pool_health(pool_health({"up": 10}))
+    _, resolved = alerts(s)
+    assert (resolved.dedup_key, resolved.status) == (raised.dedup_key, "resolved")
+    await s.on_pool_health(pool_health({"up": 10}))  # once: the episode is over
+    assert len(alerts(s)) == 2
+    await s.dispatch()
+    assert dispatched(s) == ["node-1"]
