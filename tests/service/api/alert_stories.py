@@ -16,7 +16,7 @@ from tests.contracts.examples import example
 FIRING = example("alert", Alert)
 # The story's alerts, by (cluster, dedup key).
 BREAKER = ("c1", "breaker.c1.offline")
-SHORT_CIRCUIT = ("c1", "short_circuit.c1.default")
+SHORT_CIRCUIT = ("c1", "short-circuit.c1.default")
 RESOLVED = ("c2", "breaker.c2.migrate")
 
 
