@@ -33,8 +33,10 @@ up: setup
 	deploy/local/kafka.sh start
 	deploy/local/redis.sh start
 	deploy/local/postgres.sh start
+	deploy/local/alertmanager.sh start
 
 down:
+	-deploy/local/alertmanager.sh stop
 	-deploy/local/postgres.sh stop
 	-deploy/local/redis.sh stop
 	-deploy/local/kafka.sh stop

@@ -71,7 +71,11 @@ BREAKER_ALERTS: Final = _namespace("breaker-alerts")
 """A circuit breaker's open alert, once per opening: `<dedup key>:<openings>`."""
 
 BREAKER_RESETS: Final = _namespace("breaker-resets")
-"""The info alert of an operator's breaker reset, keyed by the audit entry's hash."""
+"""The alert of an operator's breaker reset (it resolves the open alert), keyed by the audit
+entry's hash."""
+
+SHORT_CIRCUIT_ENDS: Final = _namespace("short-circuit-ends")
+"""The alert that resolves a pool's short-circuit: `<dedup key>:<pool health event id>`."""
 
 ML_ROUTING: Final = _namespace("ml-routing")
 """The router's run_inference command of an ML attempt, `<task id>:<attempt>:command`, and the
@@ -89,6 +93,7 @@ __all__ = [
     "NEEDS_ONLINE",
     "NEEDS_SCALE",
     "POOL_HEALTH",
+    "SHORT_CIRCUIT_ENDS",
     "TASK_EVENTS",
     "TEMPLATER_TASKS",
 ]

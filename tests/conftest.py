@@ -44,6 +44,11 @@ def redis_url() -> str:
 
 
 @pytest.fixture(scope="session")
+def alertmanager_url() -> str:
+    return required("ALERTMANAGER_URL", "Prometheus Alertmanager")
+
+
+@pytest.fixture(scope="session")
 def chromium() -> str:
     """Debian's chromium (CHROMIUM names another one); the tests never download a browser."""
     path = os.getenv("CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"

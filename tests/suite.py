@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 KINDS = ("unit", "service", "integration", "browser")
-SERVERS = {"kafka_bootstrap": "kafka", "redis_url": "redis"}
+SERVERS = {"kafka_bootstrap": "kafka", "redis_url": "redis", "alertmanager_url": "alertmanager"}
 
 # Skips a reviewer has accepted: the start of the skip's reason -> why it is acceptable.
 # A complete run fails on any skip (or xfail) whose reason starts with none of these.
@@ -115,12 +115,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for kind, text in (
         ("unit", "pure code: no service, no browser"),
-        ("service", "one part against a real redis-server, Kafka broker or PostgreSQL"),
+        ("service", "one part against a real redis-server, Kafka broker, PostgreSQL or "
+                    "Alertmanager"),
         ("integration", "services as processes talking through the real broker"),
         ("browser", "an integration test driving Debian's chromium"),
         ("kafka", "reaches the real Kafka broker"),
         ("redis", "reaches the real redis-server"),
         ("postgres", "reaches the real PostgreSQL"),
+        ("alertmanager", "reaches the real Prometheus Alertmanager"),
     ):
         config.addinivalue_line("markers", f"{kind}: {text}")
     config.pluginmanager.register(KindsReport(config.getoption("--complete")), "kinds-report")

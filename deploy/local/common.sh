@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # Shared by the local service scripts (sourced, not run): the state root, logging, timing,
-# port checks, and starting Kafka, Redis and PostgreSQL for a command that needs them.
+# port checks, and starting Kafka, Redis, PostgreSQL and Alertmanager for a command that needs them.
 # The sourcing script sets COMPONENT (the prefix of its log lines) first.
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -71,7 +71,8 @@ apt_install_or_die() {
     fi
 }
 
-# Starts Kafka, Redis and PostgreSQL (the task store's tests run against it as well as SQLite)
+# Starts Kafka, Redis, PostgreSQL (the task store's tests run against it as well as SQLite)
+# and Alertmanager
 # where they are not running, and stops (on exit) only what it started, so a developer's
 # long-running broker survives `make test`.
 LOCAL_SERVICES_STARTED=()
@@ -84,7 +85,7 @@ stop_started_services() {
 start_missing_services() {
     trap stop_started_services EXIT
     local svc
-    for svc in kafka redis postgres; do
+    for svc in kafka redis postgres alertmanager; do
         if ! "${SCRIPT_DIR}/${svc}.sh" status >/dev/null 2>&1; then
             "${SCRIPT_DIR}/${svc}.sh" start
             LOCAL_SERVICES_STARTED+=("${svc}")

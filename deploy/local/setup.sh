@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what ClusterWarden needs on a fresh Debian machine, and nothing that is already there:
 # a Python 3.11 virtual environment with the pinned packages, Java and Maven for the Kafka
-# broker jars, the jars themselves, redis-server and PostgreSQL. Safe to run again.
+# broker jars, the jars themselves, redis-server, PostgreSQL and Alertmanager. Safe to run again.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -63,4 +63,7 @@ if ! compgen -G "${ROOT}/deploy/kafka/target/libs/kafka_2.13-*.jar" >/dev/null; 
   say "fetching the Kafka broker jars from Maven Central"
   mvn -B -q -f "${ROOT}/deploy/kafka/pom.xml" package
 fi
+# Prometheus Alertmanager (alerts reach people through it) is a Go program: built once from
+# the Go module proxy and cached under the state folder.
+"${ROOT}/deploy/local/alertmanager.sh" build
 say "ready"

@@ -27,6 +27,7 @@ from services.api.cluster import ClusterReader
 from services.api.deps import Runtime, audit, client_detail
 from services.api.forecasting import ForecastCache
 from services.api.publisher import Publisher
+from services.api.routes import alerts as alert_routes
 from services.api.routes import audit as audit_routes
 from services.api.routes import cluster, me, ml, tasks
 from services.api.routes import templates as template_routes
@@ -122,6 +123,7 @@ def create_api(settings: ApiSettings | None = None) -> FastAPI:
     app.include_router(audit_routes.router)
     app.include_router(me.router)
     app.include_router(ml.router)
+    app.include_router(alert_routes.router)
     # Last: the console takes every path no API route matched.
     console = Path(settings.console_dir) if settings.console_dir else CONSOLE_DIR
     app.mount("/", StaticFiles(directory=console, html=True), name="console")

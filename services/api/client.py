@@ -167,3 +167,16 @@ class ApiClient:
         view: dict[str, Any] = self.call("GET", "/api/ml/models",
                                          params={"cluster": cluster, "task_type": task_type})
         return view
+
+    # ------------------------------------------------------------ alerts
+
+    def alerts(self, **filters: Any) -> dict[str, Any]:
+        """A page of alerts, firing first (filters: status, cluster, limit, offset)."""
+        page: dict[str, Any] = self.call("GET", "/api/alerts", params=filters)
+        return page
+
+    def ack_alert(self, cluster: str, dedup_key: str, reason: str) -> dict[str, Any]:
+        """Acknowledge an alert (operator); the API audits it under the token's user."""
+        acked: dict[str, Any] = self.call("POST", f"/api/alerts/{cluster}/{dedup_key}/ack",
+                                          json={"reason": reason})
+        return acked

@@ -68,15 +68,26 @@ def dedup_key(*parts: str) -> str:
 
 
 def reset_alert(cluster: str, name: str, reset: BreakerReset, source: str) -> Alert:
-    """The info alert that says who reset a breaker and why (one per audit entry)."""
+    """The alert that resolves the breaker's open alert and says who reset it and why (one
+    per audit entry)."""
     entry = reset.record.entry
-    key = dedup_key("breaker-reset", cluster, name, str(entry.seq))
+    key = breaker_alert_key(cluster, name)
     return Alert(
         event_id=uuid5(ids.BREAKER_RESETS, reset.record.hash), source=source, occurred_at=now_utc(),
         cluster_id=cluster, subject=key, severity="info", kind="breaker_reset", dedup_key=key,
+        status="resolved",
         message=short_text(f"breaker {name} on {cluster} reset by {entry.actor} "
                            f"({reset.before.status} -> {reset.after.status}): {entry.reason}"),
     )
+
+
+def breaker_alert_key(cluster: str, name: str) -> str:
+    """The dedup key of a breaker's open alert (its reset resolves the same key)."""
+    return dedup_key("breaker", cluster, name)
+
+
+def short_circuit_alert_key(cluster: str, pool: str) -> str:
+    return dedup_key("short-circuit", cluster, pool)
 
 
 @dataclass
@@ -301,7 +312,7 @@ class Scheduler:
         ttl_s = self.settings.short_circuit_alert_ttl_s
         if not await self.safety.start_alert_episode(cluster, pool, ttl_s):
             return
-        key = dedup_key("short-circuit", cluster, pool)
+        key = short_circuit_alert_key(cluster, pool)
         await self.bus.publish(Topic.OPS_ALERTS, Alert(
             event_id=uuid4(), source=SOURCE, occurred_at=self.clock(), cluster_id=cluster,
             subject=key, severity="critical", kind="short_circuit", dedup_key=key,
@@ -312,7 +323,29 @@ class Scheduler:
 
     async def on_pool_health(self, health: PoolHealth) -> None:
         """Keep the latest health of each pool, for the short-circuit and the budget."""
-        await self.safety.save_health(health)
+        if await self.safety.save_health(health):
+            await self._end_short_circuit(health)
+
+    async def _end_short_circuit(self, health: PoolHealth) -> None:
+        """A fresh report of a pool that admits disruptive work again ends its short-circuit
+        episode and resolves its alert (once: the episode's mark is deleted first)."""
+        kinds = self.settings.breaker_disruptive_kinds
+        verdict = safety.short_circuit(
+            health, kinds[0] if kinds else "offline", health.occurred_at,
+            self.settings.pool_health_max_age_s,
+            self.settings.short_circuit_unhealthy_fraction, kinds)
+        cluster, pool = health.cluster_id, health.pool
+        if not verdict.allowed or not await self.safety.end_alert_episode(cluster, pool):
+            return
+        key = short_circuit_alert_key(cluster, pool)
+        await self.bus.publish(Topic.OPS_ALERTS, Alert(
+            event_id=uuid5(ids.SHORT_CIRCUIT_ENDS, f"{key}:{health.event_id}"), source=SOURCE,
+            occurred_at=health.occurred_at, cluster_id=cluster, subject=key,
+            severity="critical", kind="short_circuit", dedup_key=key, status="resolved",
+            message=short_text(f"pool {pool} healthy again ({health.unhealthy_fraction:.0%} "
+                               "unhealthy): automation resumes"),
+        ))
+        log.warning("alert resolved: short-circuit on %s/%s is over", cluster, pool)
 
     async def on_task_event(self, event: TaskEvent) -> None:
         """Feed a task's final outcome to its breaker (agent rejections excepted)."""
@@ -341,6 +374,20 @@ class Scheduler:
                         before.status, after.status, task_id, event.state)
         if after.status == "OPEN":
             await self.alert_open(cluster, name, after)
+        elif after.status == "CLOSED" and before.status != "CLOSED":
+            await self.resolve_open(cluster, name, after, task_id)
+
+    async def resolve_open(self, cluster: str, name: str, state: BreakerState,
+                           task_id: str) -> None:
+        """Resolve the breaker's open alert: its half-open trial succeeded."""
+        key = breaker_alert_key(cluster, name)
+        await self.bus.publish(Topic.OPS_ALERTS, Alert(
+            event_id=uuid5(ids.BREAKER_ALERTS, f"{key}:{state.openings}:closed"),
+            source=SOURCE, occurred_at=self.clock(), cluster_id=cluster, subject=key,
+            severity="info", kind="breaker_closed", dedup_key=key, status="resolved",
+            message=short_text(f"circuit breaker for {name} on {cluster} closed: its trial "
+                               f"task {task_id} succeeded"),
+        ))
 
     async def _breaker_of_event(self, event: TaskEvent) -> tuple[str, str] | None:
         """(cluster, breaker name) of a final event's task, or None if it cannot be told.
@@ -368,7 +415,7 @@ class Scheduler:
         """Raise the breaker-open alert once per opening (publish, then remember)."""
         if await self.breakers.alerted(cluster, name, state.openings):
             return
-        key = dedup_key("breaker", cluster, name)
+        key = breaker_alert_key(cluster, name)
         # The event id is fixed per opening, so two schedulers racing here publish one alert
         # as far as any deduplicating consumer is concerned.
         await self.bus.publish(Topic.OPS_ALERTS, Alert(

@@ -161,5 +161,21 @@ class SafetyStore:
         """True if no short-circuit episode is open for the pool; extends the open one."""
         return not await self.redis.expire(self.alert_key(cluster, pool), ttl_s)
 
+    def firing_key(self, cluster: str, pool: str) -> str:
+        """Set while the pool's short-circuit alert fires: unlike the episode it never lapses,
+        so the alert is resolved even when the pool recovers after the episode's TTL."""
+        return f"{self.keys.prefix}short-circuit-firing:{cluster}:{pool}"
+
+    async def end_alert_episode(self, cluster: str, pool: str) -> bool:
+        """End the pool's short-circuit episode; True if its alert fired (it ends once)."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self.alert_key(cluster, pool))
+            pipe.delete(self.firing_key(cluster, pool))
+            _, firing = await pipe.execute()
+        return bool(firing)
+
     async def mark_alerted(self, cluster: str, pool: str, ttl_s: int) -> None:
-        await self.redis.set(self.alert_key(cluster, pool), "1", ex=ttl_s)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(self.alert_key(cluster, pool), "1", ex=ttl_s)
+            pipe.set(self.firing_key(cluster, pool), "1")
+            await pipe.execute()

@@ -256,3 +256,37 @@ class MlEvent(Base):
     event_type: Mapped[str] = mapped_column(String(32))
     occurred_at: Mapped[datetime] = mapped_column(UTCDateTime)
     body: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class AlertRecord(Base):
+    """One alert of a cluster, by its dedup key: its state now (firing or resolved), who
+    acknowledged it, and what Alertmanager and the webhooks have been told."""
+
+    __tablename__ = "alerts"
+    __table_args__ = (Index("ix_alerts_status_updated", "status", "updated_at"),)
+
+    cluster_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    dedup_key: Mapped[str] = mapped_column(String(128), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(128))
+    severity: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16))
+    subject: Mapped[str] = mapped_column(String(256))
+    source: Mapped[str] = mapped_column(String(128))
+    message: Mapped[str] = mapped_column(String(256))
+    # What ended it (the resolving event's message); None while it fires.
+    resolution: Mapped[str | None] = mapped_column(String(256))
+    starts_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    resolved_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    last_event_id: Mapped[UUID] = mapped_column(Uuid)
+    # Firing events seen since it last started (a breaker re-raising it counts).
+    occurrences: Mapped[int] = mapped_column(Integer)
+    acknowledged_by: Mapped[str | None] = mapped_column(String(128))
+    acknowledged_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    ack_reason: Mapped[str | None] = mapped_column(String(256))
+    # When Alertmanager last accepted this state; None: it has not (send again).
+    delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # The last change (raised, repeated, resolved, raised_again, acknowledged), for webhooks.
+    last_change: Mapped[str] = mapped_column(String(16))
+    # True while that change has not reached every webhook yet.
+    webhook_pending: Mapped[bool] = mapped_column(Boolean, default=False)

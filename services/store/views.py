@@ -185,3 +185,27 @@ class MlTaskDetail(MlTaskRow):
 
     input: list[float] | None
     attempt_list: list[MlAttemptRow] = Field(description="Oldest first.")
+
+
+class AlertRow(BaseModel):
+    """One alert: its state, its acknowledgement, and whether Alertmanager has it."""
+
+    model_config = _ROW
+
+    cluster_id: str
+    dedup_key: str
+    kind: str
+    severity: str
+    status: Literal["firing", "resolved"]
+    subject: str
+    source: str
+    message: str
+    resolution: str | None
+    starts_at: datetime
+    updated_at: datetime
+    resolved_at: datetime | None
+    occurrences: int
+    acknowledged_by: str | None
+    acknowledged_at: datetime | None
+    ack_reason: str | None
+    delivered_at: datetime | None

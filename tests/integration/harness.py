@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
@@ -266,3 +267,19 @@ def short_drain_templates(directory: Path, drain_timeout_s: float) -> Path:
             text = text.replace(drain, drain.replace("60", f"{drain_timeout_s:g}"))
         (directory / template.name).write_text(text)
     return directory
+
+
+async def alertmanager_groups(base: str, namespace: str) -> list[dict[str, Any]]:
+    """Alertmanager's own view (`GET /api/v2/alerts/groups`) of one deployment's alerts: the
+    alerts service labels each with its namespace."""
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        response = await client.get(f"{base}/api/v2/alerts/groups",
+                                    params={"filter": f'namespace="{namespace}"'})
+    response.raise_for_status()
+    groups: list[dict[str, Any]] = response.json()
+    return groups
+
+
+def active_alerts(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [alert for group in groups for alert in group["alerts"]
+            if alert["status"]["state"] == "active"]

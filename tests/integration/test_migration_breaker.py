@@ -2,7 +2,8 @@
 (injected on the agents) trip the breaker of kind `migrate` at its threshold; one alert is
 raised, later migrations stay queued, also across a scheduler restart, and only an admin's
 reset (`warden breaker reset`, through the API, audited under the token's user) lets them run
-again, and succeed."""
+again, and succeed. The alert reaches Prometheus Alertmanager (the alerts service delivers
+it), grouped by kind and cluster, and resolves there on the reset."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from agent import fleet
 from common.signing import ensure_keypair
 from schemas.events.v1 import Alert, NodeReport, OpsTask, TaskEvent
 from schemas.topics import Topic
+from services.alerts.records import list_alerts
 from services.scheduler.breaker import BreakerConfig
 from services.scheduler.breaker_store import BreakerStore
 from services.shared.audit import AuditLog
@@ -29,6 +31,8 @@ from services.store.queries import list_audit
 from tests.integration.harness import (
     Record,
     Tap,
+    active_alerts,
+    alertmanager_groups,
     is_up,
     log_lines,
     log_shows,
@@ -134,7 +138,8 @@ async def offline_with_migrations(events: Tap, state_dir: Path, node: str) -> Op
 
 
 async def test_failed_migrations_open_the_breaker_until_an_audited_reset(
-    kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path
+    kafka_bootstrap: str, redis_url: str, alertmanager_url: str, namespace: str,
+    tmp_path: Path
 ) -> None:
     port = free_port()
     api_url = f"http://127.0.0.1:{port}"
@@ -153,6 +158,7 @@ async def test_failed_migrations_open_the_breaker_until_an_audited_reset(
         SCHEDULER_OFFLINE_BUDGET_FRACTION="1.0",
         SCHEDULER_SHORT_CIRCUIT_UNHEALTHY_FRACTION="0.9",
         SCHEDULER_RATE_PER_S="10",
+        ALERTMANAGER_URL=alertmanager_url, ALERTS_DELIVERY_INTERVAL_S="0.5",
     )
     _, public = ensure_keypair(tmp_path / "keys")
     redis = connect_redis(redis_url)
@@ -210,6 +216,18 @@ async def test_failed_migrations_open_the_breaker_until_an_audited_reset(
                 assert (raised.severity, raised.kind, raised.dedup_key) == (
                     "critical", "breaker_open", "breaker.itest.migrate")
                 assert await redis.hget(breaker_key, "openings") == b"1"
+
+                # ---- a person sees it: Alertmanager has it firing, grouped by kind and cluster
+                async def firing_in_alertmanager() -> bool:
+                    return bool(active_alerts(await alertmanager_groups(alertmanager_url,
+                                                                        namespace)))
+
+                await until(firing_in_alertmanager, 30, "the alert firing in Alertmanager")
+                (group,) = await alertmanager_groups(alertmanager_url, namespace)
+                assert group["labels"] == {"alertname": "breaker_open", "cluster": "itest"}
+                (firing,) = active_alerts([group])
+                assert firing["labels"]["dedup_key"] == "breaker.itest.migrate"
+                assert firing["labels"]["severity"] == "critical"
                 # The sibling of the move that failed third is held, unless the dispatcher had
                 # taken it before that outcome was counted (sibling moves run side by side):
                 # each sibling is either dispatched or, in the scheduler's log, held back by
@@ -321,6 +339,24 @@ async def test_failed_migrations_open_the_breaker_until_an_audited_reset(
                     lambda r: r.topic.endswith(Topic.OPS_ALERTS.value)
                     and b"breaker_reset" in r.value, 30, "the breaker_reset alert")
                 assert Alert.model_validate_json(notice.value).severity == "info"
+
+                # ---- and resolves: gone from Alertmanager's active alerts, resolved in the store
+                async def resolved_in_alertmanager() -> bool:
+                    return not active_alerts(await alertmanager_groups(alertmanager_url,
+                                                                       namespace))
+
+                await until(resolved_in_alertmanager, 30, "the alert resolved in Alertmanager")
+                task_store = open_store(database_url)
+                try:
+                    async with task_store.session() as session:
+                        kept, _ = await list_alerts(session, None, "itest", 10, 0)
+                finally:
+                    await task_store.close()
+                assert [(a.dedup_key, a.status, a.kind) for a in kept] == [
+                    ("breaker.itest.migrate", "resolved", "breaker_open")]
+                assert kept[0].resolution is not None
+                assert f"reset by {ADMIN}" in kept[0].resolution
+                assert kept[0].delivered_at is not None
 
                 # ---- the held moves run now, and succeed
                 await watch.wait_for(lambda _: final_state(watch, third.task_id) is not None,

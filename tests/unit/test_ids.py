@@ -26,6 +26,7 @@ PINNED = {
     "BREAKER_ALERTS": "22d77bbc-a43d-598c-aa41-228d08e421c4",
     "BREAKER_RESETS": "f9e7370b-8117-5efd-999d-53f72841d19e",
     "ML_ROUTING": "100bf966-254b-5ac4-8ebc-167f0a09c5ea",
+    "SHORT_CIRCUIT_ENDS": "7606ab7b-a916-5aee-acc4-59c4dcdfa017",
 }
 
 

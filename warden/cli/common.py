@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from pydantic import SecretStr, TypeAdapter, ValidationError
@@ -130,6 +130,22 @@ def from_api(call: Callable[[ApiClient], T]) -> T:
 
 def print_json(value: object) -> None:
     typer.echo(json.dumps(value, indent=2, sort_keys=True))
+
+
+def print_page(page: Mapping[str, Any], as_json: bool, offset: int,
+               render: Callable[[list[Any]], str], what: str) -> None:
+    """A listing's page: its JSON, `no <what> matches`, or its table and where the rest is."""
+    if as_json:
+        print_json(page)
+        return
+    items = page["items"]
+    if not items:
+        typer.echo(f"no {what} matches")
+        return
+    typer.echo(render(items))
+    shown = offset + len(items)
+    if shown < page["total"]:
+        typer.echo(f"({len(items)} of {page['total']}; --offset {shown} for more)")
 
 
 def table(headers: list[str], rows: list[list[str]], max_width: int = 60) -> str:

@@ -24,6 +24,7 @@ from warden.cli.common import (
     optional_identifier,
     or_dash,
     print_json,
+    print_page,
     table,
     when,
 )
@@ -169,16 +170,7 @@ def tasks_list(
         node=node, cluster=cluster, state=state, kind=kind,
         parent=str(parent) if parent else None, since=since, until=until,
         top_level=top_level or None, limit=limit, offset=offset))
-    if as_json:
-        print_json(page)
-        return
-    if not page["items"]:
-        typer.echo("no task matches")
-        return
-    typer.echo(tasks_table(page["items"]))
-    shown = offset + len(page["items"])
-    if shown < page["total"]:
-        typer.echo(f"({len(page['items'])} of {page['total']}; --offset {shown} for more)")
+    print_page(page, as_json, offset, tasks_table, "task")
 
 
 @app.command("show")

@@ -92,6 +92,7 @@ from schemas.events.v1.reports import (
 )
 from schemas.events.v1.tasks import (
     Alert,
+    AlertStatus,
     Guard,
     OpsTask,
     Step,
@@ -153,6 +154,7 @@ __all__ = [
     "AddCapacity",
     "AgentAction",
     "Alert",
+    "AlertStatus",
     "ArmKey",
     "Attempt",
     "Cancel",

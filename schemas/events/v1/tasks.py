@@ -132,11 +132,20 @@ class TaskControl(Envelope):
         return self
 
 
+AlertStatus = Literal["firing", "resolved"]
+
+
 class Alert(Envelope):
-    """Something a human should see (breaker open, short-circuit, needs-human)."""
+    """Something a human should see (breaker open, short-circuit, needs-human).
+
+    Alerts with the same `dedup_key` (in a cluster) are one alert: `firing` raises it or says
+    it still holds, `resolved` says its cause ended (a breaker reset, a short-circuit over).
+    The alerts service keeps each one's state and delivers it to Alertmanager.
+    """
 
     event_type: Literal["alert"] = "alert"
     severity: Literal["info", "warning", "critical"]
     kind: Identifier
     dedup_key: Identifier
     message: ShortText
+    status: AlertStatus = "firing"

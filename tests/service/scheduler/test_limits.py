@@ -295,3 +295,52 @@ async def test_a_bug_in_a_limit_propagates_instead_of_holding_the_task(
     with pytest.raises(TypeError, match="unsupported operand"):
         await s.dispatch()
     assert dispatched(s) == []
+
+
+# ------------------------------------------------------------------ alerts resolve
+
+
+async def test_a_breaker_closed_by_its_trial_resolves_its_open_alert(
+        redis: Redis, keys: Keys, clock: Clock) -> None:
+    s = scheduler(redis, keys, clock, breaker_wait_s=60.0)
+    await fail(s, *[task(f"node-{i}", kind="online") for i in range(3)])
+    (opened,) = alerts(s)
+    clock.advance(61.0)
+    trial = task("node-5", kind="online")
+    await queue(s, trial)
+    await s.dispatch()
+    await s.breakers.remember_task(trial)
+    await s.on_task_event(final_event(trial.task_id, "succeeded", at=s.clock()))
+    assert (await s.breakers.load("local", "online"))[0].status == "CLOSED"
+    opened_again, resolved = alerts(s)
+    assert opened_again == opened
+    assert (resolved.dedup_key, resolved.status, resolved.kind) == (
+        opened.dedup_key, "resolved", "breaker_closed")
+
+
+async def test_a_short_circuit_alert_resolves_once_the_pool_is_healthy_again(
+        redis: Redis, keys: Keys, clock: Clock) -> None:
+    s = scheduler(redis, keys, clock)
+    clock.advance(1.0)
+    # Half the pool unhealthy: disruptive work is held, an alert raised.
+    await s.on_pool_health(pool_health({"up": 5, "down": 5}, s.clock()))
+    await s.on_task(task("node-1"))
+    await s.dispatch()
+    assert dispatched(s) == []
+    (raised,) = alerts(s)
+    assert (raised.kind, raised.status) == ("short_circuit", "firing")
+
+    clock.advance(1.0)
+    # Still sick: nothing resolves.
+    await s.on_pool_health(pool_health({"up": 5, "down": 4}, s.clock()))
+    assert len(alerts(s)) == 1
+    clock.advance(1.0)
+    await s.on_pool_health(pool_health({"up": 10}, s.clock()))
+    _, resolved = alerts(s)
+    assert (resolved.dedup_key, resolved.status) == (raised.dedup_key, "resolved")
+    clock.advance(1.0)
+    # Once: the episode is over.
+    await s.on_pool_health(pool_health({"up": 10}, s.clock()))
+    assert len(alerts(s)) == 2
+    await s.dispatch()
+    assert dispatched(s) == ["node-1"]

@@ -23,6 +23,9 @@ from agent.settings import AgentSettings
 from common.settings import ServiceSettings
 from schemas.catalog import TOPIC_MODELS
 from schemas.topics import Topic
+from services.alerts import app as alerts_app
+from services.alerts.handlers import AlertsService
+from services.alerts.settings import AlertsSettings
 from services.analyzer import app as analyzer_app
 from services.analyzer.handlers import Analyzer
 from services.analyzer.settings import AnalyzerSettings
@@ -100,6 +103,11 @@ SERVICES: dict[str, Service] = {
               "on_submitted"),
          Wire(Topic.ML_DECISIONS, "wiring.store-ml-decisions", MlRecorder, "on_selected"),
          Wire(Topic.ML_TASKS_OUTCOMES, "wiring.store-ml-outcomes", MlRecorder, "on_outcome"))),
+    "alerts": Service(
+        lambda state: alerts_app.create_app(
+            AlertsSettings(namespace=NAMESPACE, state_dir=str(state),
+                           database_url=f"sqlite+aiosqlite:///{state / 'warden.db'}")),
+        (Wire(Topic.OPS_ALERTS, "wiring.alerts", AlertsService, "on_alert"),)),
     "router": Service(
         lambda state: router_app.create_app(
             RouterSettings(namespace=NAMESPACE, state_dir=str(state))),

@@ -1,7 +1,8 @@
 // Operator interventions: pause, resume, retry, terminate (operator) and jump (admin), each
-// asking for a reason in a dialog. The API checks the task's recorded state and answers 409
-// with the reason when the control is illegal, 403 when the role is missing; both are shown in
-// the dialog, next to the reason the operator typed, so nothing is lost.
+// asking for a reason in a dialog (as acknowledging an alert does, views/alerts.js). The API
+// checks the task's recorded state and answers 409 with the reason when the control is
+// illegal, 403 when the role is missing; both are shown in the dialog, next to the reason the
+// operator typed, so nothing is lost.
 
 import { ApiError, errorLine, post } from "./api.js";
 import { h, shortId } from "./dom.js";
@@ -36,7 +37,8 @@ export const ACTIONS = {
   },
 };
 
-function roleAllows(needed) {
+/** Whether the signed-in role may do what needs `needed`. */
+export function roleAllows(needed) {
   // Unknown role (no /api/me): offer the action and let the API answer 403 if need be.
   return session.role === null || RANK[session.role] >= RANK[needed];
 }
@@ -83,6 +85,34 @@ function describe(task) {
 }
 
 function openDialog(task, action, onDone) {
+  const a = ACTIONS[action];
+  const steps = action !== "jump" ? null
+    : (task.steps && task.steps.length ? task.steps
+      : Array.from({ length: task.step_count || 0 }, (_, index) => ({ index })));
+  const label = a.label.replace("…", "");
+  reasonDialog({
+    action, title: `${label} task`, subject: describe(task), hint: a.hint, confirm: label,
+    danger: a.danger, steps,
+    send: (reason, stepIndex) => {
+      const body = { reason };
+      if (action === "jump") body.step_index = stepIndex;
+      return post(`/api/tasks/${encodeURIComponent(task.task_id)}/${action}`, body);
+    },
+    accepted: (accepted) => {
+      flash(`${label} of ${shortId(task.task_id)} accepted: ${accepted.note || accepted.expected_state}`,
+        { testid: "control-accepted" });
+      if (onDone) onDone(accepted);
+    },
+  });
+}
+
+/**
+ * The reason dialog of every intervention: `send(reason, stepIndex)` makes the call and
+ * `accepted(result)` runs once it is accepted. A refusal (409 illegal now, 403 role, 404, 422
+ * reason, 503 Kafka) is shown in the dialog, which stays open with the reason typed.
+ * `steps` (a jump's) adds the step choice.
+ */
+export function reasonDialog({ action, title, subject, hint, confirm: confirmText, danger, steps, send, accepted }) {
   const dialog = document.getElementById("action-dialog");
   const form = document.getElementById("action-form");
   const reason = document.getElementById("action-reason");
@@ -90,23 +120,19 @@ function openDialog(task, action, onDone) {
   const confirm = document.getElementById("action-confirm");
   const stepLabel = document.getElementById("action-step-label");
   const stepSelect = document.getElementById("action-step");
-  const a = ACTIONS[action];
 
-  document.getElementById("action-title").textContent = `${a.label.replace("…", "")} task`;
-  document.getElementById("action-task").textContent = describe(task);
-  document.getElementById("action-hint").textContent = a.hint;
-  confirm.textContent = a.label.replace("…", "");
+  document.getElementById("action-title").textContent = title;
+  document.getElementById("action-task").textContent = subject;
+  document.getElementById("action-hint").textContent = hint;
+  confirm.textContent = confirmText;
   confirm.disabled = false;
-  confirm.className = a.danger ? "danger" : "";
+  confirm.className = danger ? "danger" : "";
   dialog.dataset.action = action;
   reason.value = "";
   error.hidden = true;
   error.textContent = "";
-
-  stepLabel.hidden = action !== "jump";
-  if (action === "jump") {
-    const steps = task.steps && task.steps.length ? task.steps
-      : Array.from({ length: task.step_count || 0 }, (_, index) => ({ index }));
+  stepLabel.hidden = !steps;
+  if (steps) {
     stepSelect.replaceChildren(...steps.map((st) =>
       h("option", { value: st.index }, `#${st.index}${st.name ? ` ${st.name}` : ""}${st.action ? ` (${st.action})` : ""}`)));
   }
@@ -120,18 +146,13 @@ function openDialog(task, action, onDone) {
       reason.focus();
       return;
     }
-    const body = { reason: text };
-    if (action === "jump") body.step_index = Number(stepSelect.value);
     confirm.disabled = true;
     error.hidden = true;
     try {
-      const accepted = await post(`/api/tasks/${encodeURIComponent(task.task_id)}/${action}`, body);
+      const result = await send(text, steps ? Number(stepSelect.value) : undefined);
       close();
-      flash(`${a.label.replace("…", "")} of ${shortId(task.task_id)} accepted: ${accepted.note || accepted.expected_state}`,
-        { testid: "control-accepted" });
-      if (onDone) onDone(accepted);
+      accepted(result);
     } catch (err) {
-      // 409 (illegal now), 403 (role), 422 (reason), 503 (Kafka): shown here, the dialog stays.
       error.textContent = errorLine(err);
       error.dataset.status = err instanceof ApiError ? String(err.status) : "";
       error.hidden = false;

@@ -6,9 +6,11 @@
 //   #/ml?state=&task_type=...        ML tasks (live list, filters, submission)
 //   #/mltask/<id>                    one ML task (attempts, each decision's candidates)
 //   #/models?cluster=                the models each node serves, with live statistics
+//   #/alerts?status=firing           alerts, firing first; acknowledge one (operator)
 
 import { ApiError, clearToken, get, getToken, onUnauthorised, setToken, errorLine } from "./api.js";
 import { session } from "./actions.js";
+import { alertCount } from "./alertcount.js";
 import { h } from "./dom.js";
 import { parseHash } from "./router.js";
 import { tasksView } from "./views/tasks.js";
@@ -18,6 +20,7 @@ import { capacityView } from "./views/capacity.js";
 import { mlTasksView } from "./views/mltasks.js";
 import { mlTaskView } from "./views/mltask.js";
 import { modelsView } from "./views/models.js";
+import { alertsView } from "./views/alerts.js";
 
 const ROUTES = {
   tasks: tasksView,
@@ -27,6 +30,7 @@ const ROUTES = {
   ml: mlTasksView,
   mltask: mlTaskView,
   models: modelsView,
+  alerts: alertsView,
 };
 // A detail page lights its list's tab.
 const PARENT = { task: "tasks", mltask: "ml" };
@@ -48,6 +52,7 @@ function route() {
     return;
   }
   showChrome(true);
+  alertCount.start();
   const { name, arg, params } = parseHash();
   for (const a of document.querySelectorAll("#nav a")) {
     const r = a.dataset.route;
@@ -144,6 +149,7 @@ function showLogin(message) {
 
 function signOut(message) {
   unmount();
+  alertCount.stop();
   clearToken();
   session.user = null;
   session.role = null;

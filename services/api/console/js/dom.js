@@ -111,3 +111,28 @@ export function fmtHorizon(text) {
   if (seconds % 86400 === 0) return seconds === 86400 ? "next day" : `next ${seconds / 86400} days`;
   return `next ${fmtDuration(seconds)}`;
 }
+
+/**
+ * A paged list's "1–50 of 120" and its two buttons: a click moves `filters.offset` by `size`
+ * and calls `moved()`; `show(page)` sets the range and the buttons from a page of the API.
+ */
+export function pager(filters, size, moved, [back, forward] = ["‹ Newer", "Older ›"]) {
+  const range = h("span", { class: "muted" });
+  const prev = h("button", { type: "button", class: "secondary small", onclick: () => {
+    filters.offset = Math.max(0, filters.offset - size);
+    moved();
+  } }, back);
+  const next = h("button", { type: "button", class: "secondary small", onclick: () => {
+    filters.offset += size;
+    moved();
+  } }, forward);
+  return {
+    el: h("div", { class: "pager" }, range, prev, next),
+    show(page) {
+      const first = page.total ? page.offset + 1 : 0;
+      range.textContent = `${first}–${page.offset + page.items.length} of ${page.total}`;
+      prev.disabled = page.offset === 0;
+      next.disabled = page.offset + page.items.length >= page.total;
+    },
+  };
+}

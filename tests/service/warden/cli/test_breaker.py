@@ -143,8 +143,9 @@ def test_breaker_reset_goes_through_the_api_audited_under_the_tokens_user(
     [raw] = warden.server.call(read_events, api_settings.kafka_bootstrap_servers,
                                api_settings.namespace, Topic.OPS_ALERTS, 1)
     alert = Alert.model_validate_json(raw)
-    assert (alert.severity, alert.kind, alert.cluster_id, alert.dedup_key) == (
-        "info", "breaker_reset", "c1", "breaker-reset.c1.offline.1")
+    # It resolves the breaker's open alert (the same dedup key).
+    assert (alert.severity, alert.kind, alert.cluster_id, alert.dedup_key, alert.status) == (
+        "info", "breaker_reset", "c1", "breaker.c1.offline", "resolved")
     assert USERS["admin"] in alert.message
     assert "node-7 repaired" in alert.message
     assert "breaker_reset" in describe(Topic.OPS_ALERTS, raw)

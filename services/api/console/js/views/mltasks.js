@@ -5,7 +5,7 @@
 import { errorLine, get, post, withQuery } from "../api.js";
 import { flash, session } from "../actions.js";
 import { replaceParams } from "../router.js";
-import { badge, fmtAgo, fmtTime, h, shortId } from "../dom.js";
+import { badge, fmtAgo, fmtTime, h, pager, shortId } from "../dom.js";
 import { listPoller } from "../poll.js";
 
 const POLL_MS = 2000;
@@ -131,9 +131,7 @@ export function mlTasksView(container, { params, live }) {
   const total = h("span", { class: "sub", "data-testid": "ml-total" });
   const error = h("p", { class: "error", role: "alert", hidden: true });
   const tbody = h("tbody", {});
-  const prev = h("button", { type: "button", class: "secondary small" }, "‹ Newer");
-  const next = h("button", { type: "button", class: "secondary small" }, "Older ›");
-  const range = h("span", { class: "muted" });
+  const pages = pager(filters, PAGE, () => changed({ keepOffset: true }));
   // Offered to operators (and where the API does not say the role: it answers 403 if need be).
   const canSubmit = session.role !== "viewer";
 
@@ -160,7 +158,7 @@ export function mlTasksView(container, { params, live }) {
           ["State", "Task", "Model @ node", "Attempts", "Outcome", "Latency", "Prio", "Age", "Updated", "Latest reason"]
             .map((c) => h("th", {}, c)))),
         tbody),
-      h("div", { class: "pager" }, range, prev, next)),
+      pages.el),
   );
 
   function addTypes(list) {
@@ -188,15 +186,10 @@ export function mlTasksView(container, { params, live }) {
   const typed = () => { clearTimeout(debounce); debounce = setTimeout(changed, 300); };
   for (const el of [typeInput, nodeInput, modelInput]) el.addEventListener("input", typed);
   for (const el of [stateSelect, sinceSelect]) el.addEventListener("change", () => changed());
-  prev.addEventListener("click", () => { filters.offset = Math.max(0, filters.offset - PAGE); changed({ keepOffset: true }); });
-  next.addEventListener("click", () => { filters.offset += PAGE; changed({ keepOffset: true }); });
 
   function render(page) {
     total.textContent = `${page.total} task${page.total === 1 ? "" : "s"}`;
-    const first = page.total ? page.offset + 1 : 0;
-    range.textContent = `${first}–${page.offset + page.items.length} of ${page.total}`;
-    prev.disabled = page.offset === 0;
-    next.disabled = page.offset + page.items.length >= page.total;
+    pages.show(page);
     addTypes(page.items.map((r) => r.task_type));
     if (!page.items.length) {
       const filtered = filters.state || filters.task_type || filters.node || filters.model || filters.since;

@@ -4,7 +4,7 @@
 import { get, withQuery } from "../api.js";
 import { actionButtons } from "../actions.js";
 import { replaceParams } from "../router.js";
-import { badge, fmtAgo, fmtTime, h, shortId } from "../dom.js";
+import { badge, fmtAgo, fmtTime, h, pager, shortId } from "../dom.js";
 import { listPoller } from "../poll.js";
 
 const POLL_MS = 2000;
@@ -71,9 +71,7 @@ export function tasksView(container, { params, live }) {
   const total = h("span", { class: "sub", "data-testid": "task-total" });
   const error = h("p", { class: "error", role: "alert", hidden: true });
   const tbody = h("tbody", {});
-  const prev = h("button", { type: "button", class: "secondary small" }, "‹ Newer");
-  const next = h("button", { type: "button", class: "secondary small" }, "Older ›");
-  const range = h("span", { class: "muted" });
+  const pages = pager(filters, PAGE, () => changed({ keepOffset: true }));
 
   container.append(
     h("div", { class: "page-head" }, h("h1", {}, "Tasks"), total),
@@ -95,7 +93,7 @@ export function tasksView(container, { params, live }) {
           ["State", "Task", "Target", "Cluster / pool", "Step", "Prio", "Created", "Updated", "Latest reason", "Actions"]
             .map((c) => h("th", {}, c)))),
         tbody),
-      h("div", { class: "pager" }, range, prev, next)),
+      pages.el),
   );
 
   let debounce = null;
@@ -113,8 +111,6 @@ export function tasksView(container, { params, live }) {
   nodeInput.addEventListener("input", typed);
   kindInput.addEventListener("input", typed);
   for (const el of [stateSelect, clusterSelect, sinceSelect]) el.addEventListener("change", () => changed());
-  prev.addEventListener("click", () => { filters.offset = Math.max(0, filters.offset - PAGE); changed({ keepOffset: true }); });
-  next.addEventListener("click", () => { filters.offset += PAGE; changed({ keepOffset: true }); });
 
   // The cluster choices, once: a failure only leaves the select with "any".
   get("/api/clusters").then((data) => {
@@ -126,10 +122,7 @@ export function tasksView(container, { params, live }) {
 
   function render(page) {
     total.textContent = `${page.total} task${page.total === 1 ? "" : "s"}`;
-    const first = page.total ? page.offset + 1 : 0;
-    range.textContent = `${first}–${page.offset + page.items.length} of ${page.total}`;
-    prev.disabled = page.offset === 0;
-    next.disabled = page.offset + page.items.length >= page.total;
+    pages.show(page);
     if (!page.items.length) {
       tbody.replaceChildren(h("tr", {}, h("td", { colspan: 10, class: "empty" },
         filters.node || filters.state || filters.kind || filters.cluster || filters.since
