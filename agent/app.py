@@ -101,7 +101,7 @@ class Agent:
             log.warning("no trusted keys: every command will be rejected (unknown_kid)")
             verifier = CommandVerifier({})
         jobs = self._jobs = make_jobs(settings, self.state_dir)
-        store = CheckpointStore(settings.checkpoint_store_dir())
+        store = CheckpointStore(settings.checkpoint_store_dir(), settings.cluster_id)
         self._executor = CommandExecutor(
             settings.node_id,
             settings.cluster_id,
@@ -135,7 +135,7 @@ class Agent:
         log.info("agent %s (cluster %s, pool %s): state in %s, mode %s, interval %.3g s, "
                  "jobs %r, checkpoint store %s", settings.node_id, settings.cluster_id,
                  settings.pool, self.state_dir, journal.mode, self._reporter.interval_s,
-                 settings.jobs, store.root)
+                 settings.jobs, store.root / store.cluster)
 
     @property
     def interval_s(self) -> float:

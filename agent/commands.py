@@ -286,7 +286,9 @@ class CommandExecutor:
         except ValidationError as err:
             return self._invalid_payload(command, err, now)
 
-        if payload.node_id != self.node_id:
+        # The signed audience, not just the envelope: a node of the same name in another
+        # cluster has its own seq and epochs, so its commands must never be taken here.
+        if (payload.cluster_id, payload.node_id) != (self.cluster_id, self.node_id):
             return self._reject(command, payload, "wrong_audience", now)
         window = check_window(payload, now, self.leeway_s, self.max_ttl_s)
         if window is not None:

@@ -32,7 +32,8 @@ class AgentSettings(ServiceSettings):
     agent_state_dir: Path | None = Field(
         default=None,
         validation_alias="AGENT_STATE_DIR",
-        description="Journal and fault plan; default <WARDEN_STATE_DIR>/agents/<node_id>.",
+        description="Journal and fault plan; default "
+        "<WARDEN_STATE_DIR>/agents/<cluster_id>/<node_id>.",
     )
     # NoDecode: the env value is a comma-separated list of paths, not JSON.
     trusted_keys: Annotated[list[Path], NoDecode] = Field(
@@ -52,7 +53,8 @@ class AgentSettings(ServiceSettings):
     # checkpoint there, start_job on the next node resumes from it.
     checkpoint_store: Path | None = Field(
         default=None,
-        description="The shared checkpoint store; default <WARDEN_STATE_DIR>/checkpoints.",
+        description="The shared checkpoint store (each cluster's jobs in a directory of their "
+        "own); default <WARDEN_STATE_DIR>/checkpoints.",
     )
     hung_after_s: float = Field(
         default=30.0, gt=0.0, le=3_600.0, description="A job without progress this long is hung."
@@ -131,10 +133,11 @@ class AgentSettings(ServiceSettings):
         return value
 
     def node_state_dir(self) -> Path:
-        """Where this agent keeps its journal and fault plan."""
+        """Where this agent keeps its journal and fault plan (its last command seq, its
+        epochs): under its cluster, since another cluster may have a node of the same name."""
         if self.agent_state_dir is not None:
             return self.agent_state_dir
-        return Path(self.state_dir) / "agents" / self.node_id
+        return Path(self.state_dir) / "agents" / self.cluster_id / self.node_id
 
     def checkpoint_store_dir(self) -> Path:
         """The shared checkpoint store."""

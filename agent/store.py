@@ -1,6 +1,8 @@
 """The shared checkpoint store: where a migrating job's checkpoint waits for its next node.
 
-Layout: <store>/<job_id>/checkpoint.npz and <store>/<job_id>/meta.json. Every file is
+Layout: <store>/<cluster>/<job_id>/checkpoint.npz and <store>/<cluster>/<job_id>/meta.json
+(`checkpoint_dir`): two clusters may both have a `node-001.train`, and one store may serve
+both, so each cluster's jobs have a directory of their own. Every file is
 written to a temporary name, fsynced and renamed, and meta.json is written last: it is the
 commit mark, and it carries the checkpoint's size and SHA-256, so a reader never trusts a
 checkpoint that does not match what its exporter wrote. The store is a directory every
@@ -42,6 +44,7 @@ class CheckpointMeta(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
+    cluster_id: str
     job_id: str
     kind: Literal["training", "inference"]
     step: Annotated[int, Field(ge=0)] = 0
@@ -60,6 +63,15 @@ def safe_job_id(job_id: str) -> bool:
     """Whether `job_id` is safe as a directory name (the schema's pattern allows '..')."""
     # A leading dot would also collide with the temporary files written next to it.
     return bool(job_id) and not job_id.startswith(".") and "/" not in job_id
+
+
+def checkpoint_dir(root: Path, cluster: str, job_id: str) -> Path:
+    """Where the store keeps one job's export: under its cluster, then its job id."""
+    if not safe_job_id(cluster):
+        raise ValueError(f"cluster {cluster!r} cannot name a directory")
+    if not safe_job_id(job_id):
+        raise StoreError("invalid_job_id", f"{job_id!r} cannot name a directory")
+    return root / cluster / job_id
 
 
 def _copy_hashed(source: Path, target: Path) -> tuple[int, str]:
@@ -95,15 +107,15 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 class CheckpointStore:
-    """One store directory; every method is a few small file operations (no waiting)."""
+    """One cluster's part of a store directory; every method is a few small file operations
+    (no waiting)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, cluster: str) -> None:
         self.root = root
+        self.cluster = cluster
 
     def job_path(self, job_id: str) -> Path:
-        if not safe_job_id(job_id):
-            raise StoreError("invalid_job_id", f"{job_id!r} cannot name a directory")
-        return self.root / job_id
+        return checkpoint_dir(self.root, self.cluster, job_id)
 
     def read(self, job_id: str) -> CheckpointMeta | None:
         """The meta of the job's exported checkpoint; None if none (or it is unreadable)."""
@@ -115,8 +127,9 @@ class CheckpointStore:
         except (OSError, ValidationError) as err:
             log.warning("ignoring the unreadable checkpoint meta %s: %s", path, err)
             return None
-        if meta.job_id != job_id:
-            log.warning("ignoring %s: it describes job %s", path, meta.job_id)
+        if (meta.cluster_id, meta.job_id) != (self.cluster, job_id):
+            log.warning("ignoring %s: it describes job %s of cluster %s", path, meta.job_id,
+                        meta.cluster_id)
             return None
         return meta
 
@@ -139,7 +152,7 @@ class CheckpointStore:
         if checkpoint is not None:
             size, sha256 = _copy_hashed(checkpoint, home / CHECKPOINT_FILE)
         meta = CheckpointMeta(
-            job_id=job_id, kind=kind, step=max(0, step),
+            cluster_id=self.cluster, job_id=job_id, kind=kind, step=max(0, step),
             progress_pct=min(100.0, max(0.0, progress_pct)), from_node=from_node,
             to_node=to_node, saved_at=now, has_checkpoint=checkpoint is not None, size=size,
             sha256=sha256,

@@ -368,7 +368,7 @@ class FleetSim:
             self.stats.commands_unverified += 1
             return None
         node = self.nodes.get(payload.node_id)
-        if node is None or node.silent or command.cluster_id != self.cluster:
+        if node is None or node.silent or payload.cluster_id != self.cluster:
             return None
         now = now_utc()
         if payload.expires_at <= now:

@@ -3,6 +3,8 @@
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from schemas.envelope import CLUSTER_ID_PATTERN
+
 
 class ServiceSettings(BaseSettings):
     """Connection and namespace settings, read from the environment."""
@@ -25,7 +27,7 @@ class ServiceSettings(BaseSettings):
     )
     cluster_id: str = Field(
         default="local",
-        pattern=r"^[A-Za-z0-9_.-]{1,128}$",
+        pattern=CLUSTER_ID_PATTERN,
         validation_alias=AliasChoices("WARDEN_CLUSTER_ID", "cluster_id"),
     )
     max_message_bytes: int = Field(

@@ -35,13 +35,14 @@ class CommandSigner:
         self.key = key
         self.kid = kid
 
-    def sign(self, payload: CommandPayload, cluster_id: str, source: str) -> Command:
+    def sign(self, payload: CommandPayload, source: str) -> Command:
+        """The signed command; its envelope's cluster and subject are the payload's own."""
         body = payload.model_dump_json().encode()
         return Command(
             event_id=uuid4(),
             source=source,
             occurred_at=now_utc(),
-            cluster_id=cluster_id,
+            cluster_id=payload.cluster_id,
             subject=payload.node_id,
             correlation_id=str(payload.task_id) if payload.task_id else None,
             kid=self.kid,

@@ -19,6 +19,11 @@ SHORT_TEXT_MAX: Final = 256
 REASON_MAX: Final = 500
 
 Identifier = Annotated[str, StringConstraints(pattern=rf"^[A-Za-z0-9_.-]{{1,{IDENTIFIER_MAX}}}$")]
+# A cluster's id: an identifier without dots. Lock names put it between dots
+# (`node.<cluster>.<node>`), so a dotted cluster could make another cluster's lock name
+# (`a.b` + `c` and `a` + `b.c`); without dots, two clusters never share one.
+CLUSTER_ID_PATTERN: Final = rf"^[A-Za-z0-9_-]{{1,{IDENTIFIER_MAX}}}$"
+ClusterId = Annotated[str, StringConstraints(pattern=CLUSTER_ID_PATTERN)]
 ShortText = Annotated[str, StringConstraints(max_length=SHORT_TEXT_MAX)]
 Reason = Annotated[str, StringConstraints(min_length=1, max_length=REASON_MAX)]
 
@@ -47,7 +52,7 @@ class Envelope(Strict):
     schema_version: Literal[1] = SCHEMA_VERSION
     source: Identifier = Field(description="The service or agent that emitted the event.")
     occurred_at: AwareDatetime
-    cluster_id: Identifier
+    cluster_id: ClusterId
     subject: Identifier = Field(description="The node or task the event is about.")
     correlation_id: Identifier | None = Field(
         default=None, description="Ties an event to the one that caused it (e.g. need -> task)."

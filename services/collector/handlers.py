@@ -250,10 +250,11 @@ class Prober:
         deadline = now + timedelta(seconds=self.settings.probe_deadline_s)
         # Probes change nothing on the node, so they sit outside its command ordering.
         payload = CommandPayload.for_action(
-            ProbeNode(node_id=node), command_id=uuid4(), issued_at=now, expires_at=deadline,
+            ProbeNode(node_id=node), cluster_id=cluster, command_id=uuid4(), issued_at=now,
+            expires_at=deadline,
         )
         await self.probes.pending(str(payload.command_id), cluster, node, deadline.timestamp())
-        await self.bus.publish(Topic.NODE_COMMANDS, self.signer.sign(payload, cluster, SOURCE))
+        await self.bus.publish(Topic.NODE_COMMANDS, self.signer.sign(payload, SOURCE))
 
     async def steer_intervals(self, reports: list[NodeReport], now: datetime) -> None:
         """Ask nodes whose report interval is not the scheduled one (day/night) to change it."""
@@ -272,10 +273,10 @@ class Prober:
             # probe it sits outside the node's command ordering.
             payload = CommandPayload.for_action(
                 SetReportInterval(node_id=report.node_id, interval_s=wanted),
-                command_id=uuid4(), issued_at=now, expires_at=now + timedelta(seconds=60),
+                cluster_id=report.cluster_id, command_id=uuid4(), issued_at=now,
+                expires_at=now + timedelta(seconds=60),
             )
-            await self.bus.publish(Topic.NODE_COMMANDS,
-                                   self.signer.sign(payload, report.cluster_id, SOURCE))
+            await self.bus.publish(Topic.NODE_COMMANDS, self.signer.sign(payload, SOURCE))
             log.info("asked %s to report every %.1fs (was %.1fs)", report.node_id, wanted,
                      report.interval_s)
 

@@ -270,7 +270,8 @@ class Centre:
         not make another's commands stale.
         """
         job, src, dst = move
-        mutex = [job_lock(job.job_id), node_lock(dst)]
+        cluster = parent.cluster_id
+        mutex = [job_lock(cluster, job.job_id), node_lock(cluster, dst)]
         settings = self.settings
         task_id = child_task_id(parent, index, command_id, "migrate", job.job_id)
         steps = [
@@ -300,7 +301,8 @@ class Centre:
             Step(index=2, name="release", action=ReleaseNode(node_id=node),
                  timeout_s=settings.release_step_timeout_s),
         ]
-        return self._child(parent, task_id, "remove_node", node, pool, [node_lock(node)], steps)
+        return self._child(parent, task_id, "remove_node", node, pool,
+                           [node_lock(parent.cluster_id, node)], steps)
 
     def _child(self, parent: OpsTask, task_id: UUID, action_type: str, target: str,
                pool: str, mutex: list[str], steps: list[Step]) -> OpsTask:

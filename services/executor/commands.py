@@ -81,9 +81,10 @@ class CommandSender:
             raise TypeError(f"step {step.name} is a centre action, not a command")
         now = self.clock()
         ttl = min(self.settings.command_ttl_s, step.timeout_s)
+        cluster = wf.task.cluster_id
         await self._publish(wf, CommandPayload.for_action(
-            action, command_id=UUID(wf.command_id),
-            seq=await self.journal.next_command_seq(action.node_id), epoch=wf.epoch,
+            action, cluster_id=cluster, command_id=UUID(wf.command_id),
+            seq=await self.journal.next_command_seq(cluster, action.node_id), epoch=wf.epoch,
             issued_at=now, expires_at=now + timedelta(seconds=ttl),
             task_id=wf.task.task_id, step_index=wf.step, dry_run=wf.task.dry_run,
         ))
@@ -97,7 +98,8 @@ class CommandSender:
         timeout_s = self.settings.status_query_timeout_s
         await self._publish(wf, CommandPayload.for_action(
             QueryStatus(node_id=action.node_id, command_id=UUID(wf.command_id)),
-            command_id=query_id, epoch=wf.epoch, issued_at=now, expires_at=now + timedelta(
+            cluster_id=wf.task.cluster_id, command_id=query_id, epoch=wf.epoch, issued_at=now,
+            expires_at=now + timedelta(
                 seconds=min(self.settings.command_ttl_s, max(timeout_s, 1.0))),
             task_id=wf.task.task_id, step_index=wf.step,
         ))
@@ -109,10 +111,10 @@ class CommandSender:
             return
         cancel_id = cancel_id_for(wf.command_id)
         await self.journal.index_cancel(str(cancel_id), wf.task_id)
-        now = self.clock()
+        now, cluster = self.clock(), wf.task.cluster_id
         await self._publish(wf, CommandPayload.for_action(
-            Cancel(node_id=action.node_id, command_id=UUID(wf.command_id)),
-            command_id=cancel_id, seq=await self.journal.next_command_seq(action.node_id),
+            Cancel(node_id=action.node_id, command_id=UUID(wf.command_id)), cluster_id=cluster,
+            command_id=cancel_id, seq=await self.journal.next_command_seq(cluster, action.node_id),
             epoch=wf.epoch, issued_at=now,
             expires_at=now + timedelta(seconds=self.settings.command_ttl_s),
             task_id=wf.task.task_id, step_index=wf.step, dry_run=wf.task.dry_run,
@@ -120,4 +122,4 @@ class CommandSender:
 
     async def _publish(self, wf: Workflow, payload: CommandPayload) -> None:
         await self.bus.publish(
-            Topic.NODE_COMMANDS, self.signer.sign(payload, wf.task.cluster_id, SOURCE))
+            Topic.NODE_COMMANDS, self.signer.sign(payload, SOURCE))

@@ -272,9 +272,10 @@ class Journal:
     async def forget_retry(self, task_id: str) -> None:
         await self.redis.zrem(self.keys.workflow_retries(), task_id)
 
-    async def next_command_seq(self, node_id: str) -> int:
-        """Per-node command sequence: agents refuse a command not newer than the last."""
-        return int(await self.redis.incr(self.keys.command_seq(node_id)))
+    async def next_command_seq(self, cluster: str, node_id: str) -> int:
+        """Per-node command sequence of a cluster: agents refuse a command not newer than the
+        last (the seq travels signed with its cluster, so one cluster's never fences another's)."""
+        return int(await self.redis.incr(self.keys.command_seq(cluster, node_id)))
 
     async def open_children(self, task_id: str, step: int) -> list[str]:
         """Children of a step that have not finished yet."""

@@ -151,7 +151,7 @@ def inference_payload(task: MlTaskSubmitted, attempt: AttemptRecord, now: float,
                      task_type=task.task_type, model=attempt.model,
                      version=attempt.version, input=task.input,
                      timeout_s=min(timeout_s, 3_600.0)),
-        command_id=attempt.command_id, issued_at=at(now),
+        cluster_id=task.cluster_id, command_id=attempt.command_id, issued_at=at(now),
         expires_at=at(attempt.deadline) + timedelta(seconds=leeway_s), task_id=task.task_id,
     )
 

@@ -466,8 +466,7 @@ class Router:
                 predecessor=by_arm[chosen.arm].predecessor,
                 command_id=command_id_for(task_id, n), decided_at=now, deadline=deadline,
                 retry=n > 1)
-            command = self.signer.sign(inference_payload(rec.task, attempt, now), cluster,
-                                       SOURCE)
+            command = self.signer.sign(inference_payload(rec.task, attempt, now), SOURCE)
             rec.attempts.append(attempt)
             rec.state, rec.wait_status = "running", None
             self._emit(rec, Topic.ML_DECISIONS,

@@ -3,9 +3,12 @@
 A lock is a Redis string at `Keys.lock(<name>)` holding the id of the task that owns it; the
 scheduler dispatches a task only while it holds every name in its `mutex_keys`.
 
-- Names: `node.<node>`, `job.<job>` and `pool.<cluster>.<pool>` (templates write them from
-  the need's values; the centre's child tasks use `node_lock` and `job_lock`), and the keys
-  that carry a template's execution count and its relations to other templates (below).
+- Names: `node.<cluster>.<node>`, `job.<cluster>.<job>` and `pool.<cluster>.<pool>`
+  (templates write them from the need's values, and every template lock names its cluster;
+  the centre's child tasks use `node_lock` and `job_lock`), and the keys that carry a
+  template's execution count and its relations to other templates (below). Every name is
+  scoped by its cluster: two clusters may both have a `node-001` or a `node-001.train`, and
+  they never share a lock.
 - Lifetime: `lock_ttl_s`, a task's worst-case run plus a margin, so the locks of a task
   nobody finishes lapse on their own.
 - Taken: by the scheduler's claim, atomically with taking the task from its queue
@@ -65,14 +68,14 @@ return 1
 """
 
 
-def node_lock(node_id: str) -> str:
-    """The lock of one node: one disruptive action per node at a time."""
-    return f"node.{node_id}"
+def node_lock(cluster: str, node_id: str) -> str:
+    """The lock of one node of a cluster: one disruptive action per node at a time."""
+    return f"node.{cluster}.{node_id}"
 
 
-def job_lock(job_id: str) -> str:
-    """The lock of one job while it moves."""
-    return f"job.{job_id}"
+def job_lock(cluster: str, job_id: str) -> str:
+    """The lock of one job of a cluster while it moves."""
+    return f"job.{cluster}.{job_id}"
 
 
 def lock_ttl_s(task: OpsTask, margin_s: float) -> float:

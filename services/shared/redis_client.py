@@ -118,8 +118,9 @@ class Keys:
     def command_index(self, command_id: str) -> str:
         return f"{self.prefix}cmd:{command_id}"
 
-    def command_seq(self, node: str) -> str:
-        return f"{self.prefix}cmdseq:{node}"
+    def command_seq(self, cluster: str, node: str) -> str:
+        """Counter: the last command sequence number sent to a node of a cluster."""
+        return f"{self.prefix}cmdseq:{cluster}:{node}"
 
     def workflow_deadlines(self) -> str:
         """ZSET task id -> deadline of its running step."""

@@ -226,6 +226,10 @@ def _lock_pattern_problems(path: str, pattern: str, known: set[str]) -> list[str
     if unknown:
         return [f"{path}: unknown placeholder {{{unknown[0]}}} (a lock key may use "
                 f"{', '.join('{' + k + '}' for k in sorted(known))})"]
+    if "cluster" not in placeholders(pattern):
+        # Two clusters may name their nodes alike: a lock without its cluster is shared.
+        return [f"{path}: {pattern!r} does not name {{cluster}} (a lock is scoped by its "
+                f"cluster, e.g. 'node.{{cluster}}.{{target}}')"]
     if not _LOCK_KEY.match(render_text(pattern, _SAMPLE_NEED)):
         return [f"{path}: {pattern!r} does not make a lock key (letters, digits, '_.-')"]
     return []

@@ -100,7 +100,8 @@ def examples() -> dict[str, Envelope]:
         evidence=[evidence],
         ranges=ranges,
     )
-    payload = CommandPayload(command_id=CMD, node_id="node-002", seq=7, epoch=3, issued_at=T0,
+    payload = CommandPayload(command_id=CMD, cluster_id="local", node_id="node-002", seq=7,
+                             epoch=3, issued_at=T0,
                              expires_at=T0 + timedelta(seconds=60), task_id=TASK, step_index=0,
                              action=DrainNode(node_id="node-002"))
     sample = Sample(

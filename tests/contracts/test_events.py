@@ -144,7 +144,8 @@ def test_subject_must_be_the_node() -> None:
 def payload(**changes: Any) -> dict[str, Any]:
     data = json.loads(examples()["task_scheduled"].model_dump_json())
     base: dict[str, Any] = {
-        "command_id": "11111111-2222-4333-8444-555555555555", "node_id": "node-002", "seq": 1,
+        "command_id": "11111111-2222-4333-8444-555555555555", "cluster_id": "local",
+        "node_id": "node-002", "seq": 1,
         "epoch": 1, "issued_at": data["occurred_at"], "expires_at": "2026-11-30T08:01:00Z",
         "action": {"action": "drain_node", "node_id": "node-002"},
     }
@@ -177,10 +178,11 @@ def test_commands_outside_the_allow_list_are_rejected(action: dict[str, Any],
 
 def test_the_builder_addresses_the_actions_node_and_orders_only_when_given_a_seq() -> None:
     at = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
-    common: dict[str, Any] = {"command_id": uuid4(), "issued_at": at,
+    common: dict[str, Any] = {"cluster_id": "local", "command_id": uuid4(), "issued_at": at,
                               "expires_at": at + timedelta(seconds=60)}
     probe = CommandPayload.for_action(ProbeNode(node_id="node-002"), **common)
-    assert (probe.node_id, probe.seq, probe.epoch) == ("node-002", 0, 1)
+    assert (probe.cluster_id, probe.node_id, probe.seq, probe.epoch) == (
+        "local", "node-002", 0, 1)
     drain = CommandPayload.for_action(DrainNode(node_id="node-002"), seq=7, epoch=3, **common)
     assert (drain.seq, drain.epoch) == (7, 3)
 

@@ -57,8 +57,8 @@ def inference_payload(**action: Any) -> dict[str, Any]:
         "task_id": "7a2b3c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d", "attempt": 1, "task_type": "digits",
         "model": "digits-mlp", "version": "2", "input": [0.0] * 64, "timeout_s": 2.0,
     }
-    return {"command_id": "22222222-3333-4444-8555-666666666666", "node_id": "node-002",
-            "seq": 0, "epoch": 1, "issued_at": "2026-11-30T08:00:00Z",
+    return {"command_id": "22222222-3333-4444-8555-666666666666", "cluster_id": "local",
+            "node_id": "node-002", "seq": 0, "epoch": 1, "issued_at": "2026-11-30T08:00:00Z",
             "expires_at": "2026-11-30T08:00:05Z", "action": base | action}
 
 

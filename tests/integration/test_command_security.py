@@ -51,10 +51,11 @@ TTL = timedelta(seconds=240)  # inside the agent's 300 s limit, and longer than 
 
 
 def payload(action: Action, seq: int, *, node: str = NODE, epoch: int = 1,
-            age: timedelta = timedelta(0), ttl: timedelta = TTL) -> CommandPayload:
+            age: timedelta = timedelta(0), ttl: timedelta = TTL,
+            cluster: str = CLUSTER) -> CommandPayload:
     issued = now_utc() - age
-    return CommandPayload(command_id=uuid4(), node_id=node, seq=seq, epoch=epoch,
-                          issued_at=issued, expires_at=issued + ttl, action=action)
+    return CommandPayload(command_id=uuid4(), cluster_id=cluster, node_id=node, seq=seq,
+                          epoch=epoch, issued_at=issued, expires_at=issued + ttl, action=action)
 
 
 def results(events: Tap) -> list[CommandResult]:
@@ -154,7 +155,7 @@ async def test_only_a_valid_command_executes_once_on_the_real_agent(
                 60, f"{NODE} reporting")
 
             drain = payload(DrainNode(node_id=NODE), seq=1)
-            drain_command = signer.sign(drain, CLUSTER, "itest")
+            drain_command = signer.sign(drain, "itest")
             await send(prod, drain_command)
             await watch.wait_for(answered(watch, drain.command_id), 30, "the drain's answer")
             # The very same bytes again: a replay.
@@ -162,28 +163,33 @@ async def test_only_a_valid_command_executes_once_on_the_real_agent(
             # Issued 200 s ago for 100 s: expired beyond the 30 s leeway.
             expired = payload(OfflineNode(node_id=NODE), seq=2, age=timedelta(seconds=200),
                               ttl=timedelta(seconds=100))
-            await send(prod, signer.sign(expired, CLUSTER, "itest"))
+            await send(prod, signer.sign(expired, "itest"))
             # For node-002, but published under this node's subject (and key).
             elsewhere = payload(UndrainNode(node_id="node-002"), seq=3, node="node-002")
-            await send(prod, signer.sign(elsewhere, CLUSTER, "itest").model_copy(
+            await send(prod, signer.sign(elsewhere, "itest").model_copy(
                 update={"subject": NODE}))
+            # For the node of the same name in another cluster (its own seq: higher than
+            # any here), published under this cluster's envelope.
+            other = payload(OfflineNode(node_id=NODE), seq=99, cluster="other-cluster")
+            await send(prod, signer.sign(other, "itest").model_copy(
+                update={"cluster_id": CLUSTER}))
             # Signed by a key the agent does not trust.
             unknown = payload(OfflineNode(node_id=NODE), seq=4)
-            unknown_body = await send(prod, stranger.sign(unknown, CLUSTER, "itest"))
+            unknown_body = await send(prod, stranger.sign(unknown, "itest"))
             # Signed as an undrain, then turned into an offline on the way.
             tampered = payload(UndrainNode(node_id=NODE), seq=5)
-            signed = signer.sign(tampered, CLUSTER, "itest")
+            signed = signer.sign(tampered, "itest")
             forged = unb64url(signed.payload).replace(b'"undrain_node"', b'"offline_node"')
             assert forged != unb64url(signed.payload)
             tampered_body = await send(prod, signed.model_copy(
                 update={"payload": b64url(forged)}))
             # Fresh and well signed, but with a seq already used: an old command re-signed.
             stale = payload(OfflineNode(node_id=NODE), seq=1)
-            await send(prod, signer.sign(stale, CLUSTER, "itest"))
+            await send(prod, signer.sign(stale, "itest"))
             # Commands to one node are processed in order: once this is answered, every one
             # before it was handled.
             sentinel = payload(QueryStatus(node_id=NODE, command_id=drain.command_id), seq=0)
-            await send(prod, signer.sign(sentinel, CLUSTER, "itest"))
+            await send(prod, signer.sign(sentinel, "itest"))
             await watch.wait_for(answered(watch, sentinel.command_id), 60,
                                  "the answer to the closing status query")
             await watch.wait_for(lambda _: len(dead_letters(watch)) >= 2, 30,
@@ -199,6 +205,8 @@ async def test_only_a_valid_command_executes_once_on_the_real_agent(
             assert [(r.outcome, r.reason, r.node_id)
                     for r in answers_to(watch, elsewhere.command_id)] == [
                 ("rejected", "wrong_audience", NODE)]
+            assert [(r.outcome, r.reason) for r in answers_to(watch, other.command_id)] == [
+                ("rejected", "wrong_audience")]
             assert [(r.outcome, r.reason) for r in answers_to(watch, stale.command_id)] == [
                 ("rejected", "stale_seq")]
             assert answers_to(watch, unknown.command_id) == []
@@ -229,7 +237,7 @@ async def test_only_a_valid_command_executes_once_on_the_real_agent(
             await rewind(kafka_bootstrap, f"{namespace}.agent-{CLUSTER}-{NODE}", commands)
             fleet.fleet_up(1, 1, CLUSTER, namespace, tmp_path, env, [public], 1.0)
             after = payload(QueryStatus(node_id=NODE, command_id=drain.command_id), seq=0)
-            await send(prod, signer.sign(after, CLUSTER, "itest"))
+            await send(prod, signer.sign(after, "itest"))
             await watch.wait_for(answered(watch, after.command_id), 90,
                                  "the status query sent after the rewind")
             await watch.wait_for(lambda _: len(dead_letters(watch)) >= 4, 30,
@@ -240,6 +248,8 @@ async def test_only_a_valid_command_executes_once_on_the_real_agent(
             assert [(r.outcome, r.reason) for r in answers_to(watch, expired.command_id)] == [
                 ("rejected", "expired")] * 2
             assert [r.reason for r in answers_to(watch, elsewhere.command_id)] == [
+                "wrong_audience"] * 2
+            assert [r.reason for r in answers_to(watch, other.command_id)] == [
                 "wrong_audience"] * 2
             assert [r.reason for r in answers_to(watch, stale.command_id)] == [
                 "stale_seq"] * 2

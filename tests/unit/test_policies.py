@@ -110,7 +110,7 @@ def test_offline_template_plans_drain_then_offline() -> None:
     task = plan(template, need(), NOW, "templater")
     assert [s.action.action for s in task.steps][:2] == ["drain_node", "offline_node"]
     assert all(getattr(s.action, "node_id", None) == "node-002" for s in task.steps[:2])
-    assert task.mutex_keys[0] == "node.node-002"
+    assert task.mutex_keys[0] == "node.local.node-002"
     assert task.evidence == need().evidence
     # The same need always makes the same task (idempotent under redelivery).
     assert plan(template, need(), NOW + timedelta(seconds=5), "templater").task_id == task.task_id
@@ -119,7 +119,8 @@ def test_offline_template_plans_drain_then_offline() -> None:
 def test_bad_template_names_file_and_field(tmp_path: Path) -> None:
     path = tmp_path / "broken.yaml"
     path.write_text("name: broken\nversion: 1\nneed: offline\ndescription: x\npriority: 12\n"
-                    "mutex: ['node.{target}']\nsteps:\n  - name: a\n    action: exec_shell\n")
+                    "mutex: ['node.{cluster}.{target}']\nsteps:\n  - name: a\n"
+                    "    action: exec_shell\n")
     with pytest.raises(TemplateError) as err:
         load_template(path)
     assert "broken.yaml" in str(err.value)

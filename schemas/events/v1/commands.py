@@ -8,7 +8,7 @@ from uuid import UUID
 
 from pydantic import AwareDatetime, Field, model_validator
 
-from schemas.envelope import Envelope, Identifier, ShortText, Strict
+from schemas.envelope import ClusterId, Envelope, Identifier, ShortText, Strict
 from schemas.events.v1.actions import Action, ActionName
 from schemas.events.v1.values import (
     Attempt,
@@ -27,6 +27,9 @@ class CommandPayload(Strict):
     """What an agent executes; signed by the centre and verified by the agent before acting."""
 
     command_id: UUID
+    # The audience is a node of one cluster: two clusters may both have a `node-001`, and
+    # the seq and epoch a command carries are those of its cluster's node.
+    cluster_id: ClusterId
     node_id: Identifier
     seq: Seq
     epoch: Annotated[int, Field(ge=1, le=2**63 - 1)]
@@ -38,18 +41,18 @@ class CommandPayload(Strict):
     action: Action
 
     @classmethod
-    def for_action(cls, action: Action, *, command_id: UUID, issued_at: datetime,
-                   expires_at: datetime, seq: int | None = None, epoch: int = 1,
-                   task_id: UUID | None = None, step_index: int | None = None,
+    def for_action(cls, action: Action, *, cluster_id: str, command_id: UUID,
+                   issued_at: datetime, expires_at: datetime, seq: int | None = None,
+                   epoch: int = 1, task_id: UUID | None = None, step_index: int | None = None,
                    dry_run: bool = False) -> CommandPayload:
         """The payload carrying `action` to its node.
 
-        `seq` is the node's next command sequence number for an ordered command. An
-        unordered command (a probe, a status query, a report interval, an inference; the
+        `seq` is the next command sequence number of the node in `cluster_id` for an ordered
+        command. An unordered command (a probe, a status query, a report interval, an inference; the
         agent's UNORDERED_ACTIONS) leaves it out and gets seq 0: agents neither check nor
         advance it. `epoch` fences a task's commands; 1 for a command outside any task.
         """
-        return cls(command_id=command_id, node_id=action.node_id,
+        return cls(command_id=command_id, cluster_id=cluster_id, node_id=action.node_id,
                    seq=UNORDERED_SEQ if seq is None else seq, epoch=epoch,
                    issued_at=issued_at, expires_at=expires_at, task_id=task_id,
                    step_index=step_index, dry_run=dry_run, action=action)

@@ -274,7 +274,7 @@ async def test_a_rebalance_waits_for_one_child_per_job_built_deterministically(
         NEED, "scale_out", CLUSTER, "default")
     assert (child.template, child.action_type, child.kind, child.priority) == (
         "scale_out.migrate", "migrate", "migrate", 4)
-    assert child.mutex_keys == ["job.hot-j0", "node.idle"]
+    assert child.mutex_keys == [f"job.{CLUSTER}.hot-j0", f"node.{CLUSTER}.idle"]
     assert [s.action for s in child.steps] == [
         MigrateJob(node_id="hot", job_id="hot-j0", to_node_id="idle", checkpoint_timeout_s=20.0),
         StartJob(node_id="idle", job_id="hot-j0", kind="training", checkpoint="hot-j0"),
@@ -360,7 +360,7 @@ async def test_remove_capacity_waits_for_one_child_per_node(cluster: Cluster) ->
     child = result.children[0]
     assert child.task_id == child_task_id(parent, 0, command, "remove", "standby-1")
     assert (child.action_type, child.template, child.mutex_keys) == (
-        "remove_node", "scale_out.remove", ["node.standby-1"])
+        "remove_node", "scale_out.remove", [f"node.{CLUSTER}.standby-1"])
     assert [s.action for s in child.steps] == [
         DrainNode(node_id="standby-1"),
         MigrateJobs(pool="default", node_id="standby-1", max_jobs=64),
@@ -432,7 +432,7 @@ async def test_a_task_taking_its_node_out_evacuates_it_despite_a_stale_active_re
     # Sibling moves out of one node run side by side: each locks only its job and its
     # destination (agents fence job commands per job).
     for child in result.children:
-        assert child.mutex_keys == [f"job.{child.target}", "node.a"]
+        assert child.mutex_keys == [f"job.{CLUSTER}.{child.target}", f"node.{CLUSTER}.a"]
 
 
 async def test_an_agent_action_is_not_a_centre_action(cluster: Cluster) -> None:

@@ -49,9 +49,11 @@ class Centre:
         ttl_s: float = 60.0,
         dry_run: bool = False,
         command_id: UUID | None = None,
+        cluster: str = CLUSTER,
     ) -> CommandPayload:
         return CommandPayload(
             command_id=command_id or uuid4(),
+            cluster_id=cluster,
             node_id=node,
             seq=seq,
             epoch=epoch,
@@ -63,8 +65,8 @@ class Centre:
             action=action or DrainNode(node_id=node),
         )
 
-    def sign(self, payload: CommandPayload, cluster: str = CLUSTER) -> Command:
-        return self.signer.sign(payload, cluster_id=cluster, source="executor")
+    def sign(self, payload: CommandPayload) -> Command:
+        return self.signer.sign(payload, source="executor")
 
     def command(self, action: Action | None = None, **fields: Any) -> Command:
         return self.sign(self.payload(action, **fields))

@@ -18,7 +18,7 @@ from agent.actions import PERMANENT_REASONS, place
 from agent.commands import CommandExecutor
 from agent.faults import FaultPlan, write_faults
 from agent.jobs import TABLE_FILE, JobRunner, JobView, SimulatedJobs
-from agent.store import CheckpointStore
+from agent.store import CheckpointStore, checkpoint_dir
 from schemas.events.v1 import (
     Cancel,
     DrainNode,
@@ -67,7 +67,7 @@ NodeFactory = Callable[..., Node[SimulatedJobs]]
 async def nodes(
     tmp_path: Path, centre: Centre, now: datetime
 ) -> AsyncIterator[NodeFactory]:
-    store = CheckpointStore(tmp_path / "checkpoints")
+    store = CheckpointStore(tmp_path / "checkpoints", "local")
     made: list[Node[SimulatedJobs]] = []
 
     def make(
@@ -285,7 +285,7 @@ async def test_an_injected_failure_leaves_the_job_running_here(
     failed = source.answer(MigrateJob(node_id=NODE, job_id=TRAIN))
     assert (failed.outcome, failed.reason) == ("failed", "injected_failure")
     assert source.job_ids() == [TRAIN, INFER]
-    assert not (tmp_path / "checkpoints" / TRAIN).exists()
+    assert not (checkpoint_dir(tmp_path / "checkpoints", "local", TRAIN)).exists()
     start = source.answer(StartJob(node_id=NODE, job_id="j1"))
     assert (start.outcome, start.reason) == ("failed", "injected_failure")
     # Other job actions are unaffected.
@@ -328,7 +328,7 @@ async def test_a_running_migration_can_be_queried_and_cancelled(
     again = source.jobs.view(TRAIN)
     assert again is not None
     assert (again.busy, again.state) == (False, "running")  # it runs here again
-    assert not (tmp_path / "checkpoints" / TRAIN).exists()
+    assert not (checkpoint_dir(tmp_path / "checkpoints", "local", TRAIN)).exists()
     after = source.answer(QueryStatus(node_id=NODE, command_id=command_id))
     assert (after.outcome, after.reason) == ("failed", "cancelled")
     late = source.answer(Cancel(node_id=NODE, command_id=command_id))

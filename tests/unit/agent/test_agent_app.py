@@ -20,7 +20,7 @@ from agent.jobs import JobManager, SimulatedJobs, job_dir
 from agent.ml.runtime import CHECKPOINT_FILE
 from agent.peers import PROBE_FILE, EchoListener, probe_peer, read_probe_addr
 from agent.settings import AgentSettings
-from agent.store import META_FILE
+from agent.store import META_FILE, checkpoint_dir
 from schemas.envelope import Envelope
 from schemas.events.v1 import (
     Action,
@@ -417,7 +417,7 @@ async def test_a_migration_is_answered_when_done_and_its_job_leaves_the_reports(
     assert (migrated.action, migrated.outcome, migrated.outputs["checkpoint"]) == (
         "migrate_job", "succeeded", "node-001.train"
     )
-    meta = settings.checkpoint_store_dir() / "node-001.train" / META_FILE
+    meta = checkpoint_dir(settings.checkpoint_store_dir(), "local", "node-001.train") / META_FILE
     assert json.loads(meta.read_text())["from_node"] == NODE
     later = await wait_last_report(reports, lambda r: len(r.jobs) == 1)
     assert [j.job_id for j in later.jobs] == ["node-001.infer"]

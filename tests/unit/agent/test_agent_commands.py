@@ -65,9 +65,23 @@ def test_command_for_another_node_is_ignored(
 def test_command_for_another_cluster_is_ignored(
     executor: CommandExecutor, centre: Any, journal: Journal, now: datetime
 ) -> None:
-    command = centre.sign(centre.payload(), cluster="other-cluster")
+    command = centre.sign(centre.payload(cluster="other-cluster"))
     assert executor.handle(command, now) is None
     assert journal.command_count() == 0
+
+
+def test_command_signed_for_the_same_node_name_in_another_cluster_is_rejected(
+    executor: CommandExecutor, centre: Any, journal: Journal, now: datetime
+) -> None:
+    # Envelope readdressed to this cluster, signed payload for another cluster's node-001:
+    # its seq is that cluster's, and it must not advance (or be checked against) ours.
+    command = centre.sign(centre.payload(cluster="other-cluster", seq=50))
+    readdressed = command.model_copy(update={"cluster_id": executor.cluster_id})
+    result = executor.handle(readdressed, now)
+    assert result is not None
+    assert (result.outcome, result.reason) == ("rejected", "wrong_audience")
+    assert journal.mode == "active"
+    assert journal.last_seq is None
 
 
 # ---------------------------------------------------------------- key and signature

@@ -25,7 +25,7 @@ import pytest
 from agent.jobs import JobManager, JobSpec, JobView, job_dir
 from agent.ml.runtime import CHECKPOINT_FILE, STATUS_FILE
 from agent.ml.train import checkpoint_step
-from agent.store import CheckpointStore
+from agent.store import CheckpointStore, checkpoint_dir
 from schemas.events.v1 import (
     Cancel,
     DrainNode,
@@ -61,7 +61,7 @@ def manager(state_dir: Path, node_id: str, own_job: bool) -> JobManager:
 async def nodes(
     tmp_path: Path, centre: Centre, now: datetime
 ) -> AsyncIterator[NodeFactory]:
-    store = CheckpointStore(tmp_path / "checkpoints")
+    store = CheckpointStore(tmp_path / "checkpoints", "local")
     made: list[Node[JobManager]] = []
 
     def make(node_id: str, own_job: bool = True) -> Node[JobManager]:
@@ -125,7 +125,8 @@ async def test_an_offline_nodes_job_resumes_on_another_node(
     migrated = await source.run(MigrateJob(node_id=NODE, job_id=TRAIN, to_node_id=OTHER))
     assert (migrated.outcome, migrated.reason) == ("succeeded", "")
     assert (migrated.outputs["step"], migrated.outputs["has_checkpoint"]) == (stopped_at, True)
-    assert checkpoint_step(tmp_path / "checkpoints" / TRAIN / CHECKPOINT_FILE) == stopped_at
+    exported = checkpoint_dir(tmp_path / "checkpoints", "local", TRAIN) / CHECKPOINT_FILE
+    assert checkpoint_step(exported) == stopped_at
     assert source.jobs.views() == []
     assert source.jobs.snapshot(now_utc()) == []
 
@@ -155,7 +156,7 @@ async def test_a_running_job_migrates_with_the_checkpoint_it_writes_as_it_stops(
     assert status(source, TRAIN)["state"] == "stopped"  # SIGTERM: a clean stop, not a kill
     assert migrated.outputs["step"] == status(source, TRAIN)["step"]
     assert migrated.outputs["step"] == checkpoint_step(
-        tmp_path / "checkpoints" / TRAIN / CHECKPOINT_FILE
+        checkpoint_dir(tmp_path / "checkpoints", "local", TRAIN) / CHECKPOINT_FILE
     )
     source.tend()
     assert source.jobs.pids() == {}  # never restarted here
@@ -208,7 +209,7 @@ async def test_a_cancel_before_the_migration_ran_leaves_the_job_alone(
     ]
     assert source.journal.in_progress() == []
     assert source.jobs.pids() == {TRAIN: pid}  # never even asked to stop
-    assert not (tmp_path / "checkpoints" / TRAIN).exists()
+    assert not (checkpoint_dir(tmp_path / "checkpoints", "local", TRAIN)).exists()
 
 
 async def test_new_gpus_restart_a_training_job_from_its_checkpoint(nodes: NodeFactory) -> None:

@@ -231,7 +231,7 @@ def test_settings_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
     assert settings.node_id == "node-007"
     assert settings.gpus == 8
     assert settings.trusted_keys == [tmp_path / "a.pem", tmp_path / "b.pem"]
-    assert settings.node_state_dir() == tmp_path / "agents" / "node-007"
+    assert settings.node_state_dir() == tmp_path / "agents" / "c2" / "node-007"
     assert settings.service_name() == "agent-c2-node-007"
     assert (settings.command_leeway_s, settings.max_command_ttl_s) == (30.0, 300.0)
     monkeypatch.setenv("AGENT_STATE_DIR", str(tmp_path / "elsewhere"))

@@ -209,7 +209,8 @@ def test_a_replay_after_the_window_is_refused_before_any_journal_is_read(
     replay later than that is refused as expired by the window check, which comes first."""
     issued_at = NOW + timedelta(seconds=issued)
     payload = CommandPayload(
-        command_id=uuid4(), node_id=NODE, seq=0, epoch=1, issued_at=issued_at,
+        command_id=uuid4(), cluster_id="local", node_id=NODE, seq=0, epoch=1,
+        issued_at=issued_at,
         expires_at=issued_at + timedelta(seconds=ttl), task_id=uuid4(), step_index=0,
         action=RunInference(node_id=NODE, task_id=uuid4(), attempt=1, task_type="digits",
                             model="digits-knn", version="1", input=[0.0] * 64))

@@ -51,7 +51,7 @@ def test_the_simulated_agent_answers_its_command(tmp_path: Path) -> None:
                             command_id=uuid4(), decided_at=now.timestamp(),
                             deadline=now.timestamp() + 3.0, retry=True)
     command = signer_from_file(private).sign(
-        inference_payload(task, attempt, now.timestamp()), CLUSTER, "router")
+        inference_payload(task, attempt, now.timestamp()), "router")
     result = answer(command, random.Random(3))
     payload = CommandPayload.model_validate_json(unb64url(command.payload))
     assert isinstance(payload.action, RunInference)

@@ -105,9 +105,9 @@ def test_capacity_steps_compute_their_count_when_they_run() -> None:
 @pytest.mark.parametrize(
     ("kind", "own_keys"),
     [
-        ("offline", ["node.node-002"]),
-        ("online", ["node.node-002"]),
-        ("load_balance", ["node.node-002"]),
+        ("offline", ["node.local.node-002"]),
+        ("online", ["node.local.node-002"]),
+        ("load_balance", ["node.local.node-002"]),
         ("scale_out", ["pool.local.default"]),
         ("scale_in", ["pool.local.default"]),
     ],
@@ -128,7 +128,7 @@ def test_scale_out_and_scale_in_of_one_pool_share_the_pool_lock() -> None:
 def test_offline_and_online_of_one_node_share_the_node_lock() -> None:
     off = plan(load_templates()["offline"], need("offline"), NOW, "templater")
     on = plan(load_templates()["online"], need("online"), NOW, "templater")
-    assert set(off.mutex_keys) & set(on.mutex_keys) == {"node.node-002"}
+    assert set(off.mutex_keys) & set(on.mutex_keys) == {"node.local.node-002"}
 
 
 @pytest.mark.parametrize("kind", get_args(NeedKind))

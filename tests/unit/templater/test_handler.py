@@ -70,7 +70,7 @@ async def test_a_need_without_a_template_is_dead_lettered(tmp_path: Path) -> Non
 async def test_a_need_that_cannot_be_planned_is_dead_lettered(tmp_path: Path) -> None:
     (tmp_path / "t.yaml").write_text(yaml.safe_dump({
         "name": "t", "version": 1, "need": "offline", "description": "x", "priority": 1,
-        "mutex": ["node.{target}"],
+        "mutex": ["node.{cluster}.{target}"],
         "steps": [{"name": "s", "action": "drain_node",
                    "args": {"node_id": "{target}-and-a-long-suffix"}}],
     }))

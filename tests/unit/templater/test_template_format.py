@@ -38,7 +38,7 @@ def template(**update: Any) -> dict[str, Any]:
         "need": "offline",
         "description": "Drain a node.",
         "priority": 2,
-        "mutex": ["node.{target}"],
+        "mutex": ["node.{cluster}.{target}"],
         "steps": [{"name": "drain", "action": "drain_node", "args": {"node_id": "{target}"}}],
     }
     data.update(update)
@@ -99,7 +99,8 @@ def load_error(tmp_path: Path, data: dict[str, Any]) -> str:
         (template(steps=[]), "steps", "at least 1 item"),
         (template(steps=None), "steps", "Field required"),
         (template(need="teleport"), "need", "Input should be"),
-        (template(mutex=["node/{target}"]), "mutex.0", "does not make a lock key"),
+        (template(mutex=["node/{cluster}/{target}"]), "mutex.0", "does not make a lock key"),
+        (template(mutex=["node.{target}"]), "mutex.0", "does not name {cluster}"),
         (template(mutex=["node.{node}"]), "mutex.0", "unknown placeholder {node}"),
         (template(name="drain.only"), "name", "should match pattern"),
         (template(execution_count=17), "execution_count", "less than or equal to 16"),
@@ -268,7 +269,7 @@ def keys_of(template: Template, target: str, kind: NeedKind = "offline") -> set[
 def test_execution_count_one_is_one_key_per_cluster(tmp_path: Path) -> None:
     loaded = load_template(write(tmp_path, "t.yaml", template()))
     assert plan(loaded, need(), NOW, "templater").mutex_keys == [
-        "node.node-002", "tpl.drain_only.local",
+        "node.local.node-002", "tpl.drain_only.local",
     ]
     # Two nodes, one slot: they wait for each other.
     assert keys_of(loaded, "node-001") & keys_of(loaded, "node-002") == {"tpl.drain_only.local"}
@@ -322,9 +323,10 @@ def test_an_exclusion_holds_back_the_other_template_only(
     tmp_path: Path, a_slots: int, b_slots: int
 ) -> None:
     # Declared on one side only (depends_on): the lock is shared by both.
-    write(tmp_path, "a.yaml", template(name="a", execution_count=a_slots, mutex=["a.{target}"]))
+    write(tmp_path, "a.yaml", template(name="a", execution_count=a_slots,
+                                       mutex=["a.{cluster}.{target}"]))
     write(tmp_path, "b.yaml", template(name="b", need="online", execution_count=b_slots,
-                                       mutex=["b.{target}"], depends_on=["offline"]))
+                                       mutex=["b.{cluster}.{target}"], depends_on=["offline"]))
     registry = load_templates(tmp_path)
     targets = [f"node-{i:03}" for i in range(12)]
     a_keys = {t: keys_of(registry["offline"], t) for t in targets}
@@ -344,7 +346,7 @@ def test_a_one_slot_exclusion_is_one_shared_key(tmp_path: Path) -> None:
                                        relations={"exclusive_with": ["zeta"]}))
     registry = load_templates(tmp_path)
     assert plan(registry["offline"], need(), NOW, "templater").mutex_keys == [
-        "node.node-002", "tpl.zeta.local", "excl.alpha.zeta.local",
+        "node.local.node-002", "tpl.zeta.local", "excl.alpha.zeta.local",
     ]
     assert "excl.alpha.zeta.local" in keys_of(registry["online"], "node-009", "online")
 
