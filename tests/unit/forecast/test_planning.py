@@ -4,8 +4,8 @@ plan on a noisy trend with tolerances far above any BLAS kernel's rounding."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 import random
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
