@@ -3,6 +3,7 @@
 from schemas.envelope import Envelope
 from schemas.events.v1 import (
     Alert,
+    CapacityPlan,
     Command,
     CommandResult,
     MlTaskOutcome,
@@ -33,6 +34,7 @@ TOPIC_MODELS: dict[Topic, type[Envelope]] = {
     Topic.OPS_TASK_CONTROL: TaskControl,
     Topic.OPS_ALERTS: Alert,
     Topic.OPS_POOL_HEALTH: PoolHealth,
+    Topic.OPS_CAPACITY_PLANS: CapacityPlan,
     Topic.ML_TASKS_SUBMITTED: MlTaskSubmitted,
     Topic.ML_TASKS_OUTCOMES: MlTaskOutcome,
     Topic.ML_DECISIONS: ModelSelected,

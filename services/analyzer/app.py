@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from faststream import FastStream
 
 from common.messaging import EventBus, make_broker, subscribe
@@ -9,6 +11,7 @@ from common.telemetry import setup_telemetry
 from schemas.topics import Topic
 from services.analyzer.handlers import Analyzer
 from services.analyzer.needs import enabled
+from services.analyzer.planning import planner_for
 from services.analyzer.settings import AnalyzerSettings
 from services.analyzer.store import AnalyzerStore, PoolStore
 from services.shared.redis_client import Keys, connect_redis
@@ -21,12 +24,14 @@ def create_app(settings: AnalyzerSettings | None = None) -> FastStream:
     broker, _ = make_broker(settings, "analyzer", telemetry)
     redis = connect_redis(settings.redis_url)
     keys = Keys(settings.namespace)
+    pools = PoolStore(redis, keys)
+    bus = EventBus(broker, settings.namespace)
     analyzer = Analyzer(
         settings,
         enabled(settings.enabled_needs),
         AnalyzerStore(redis, keys),
-        PoolStore(redis, keys),
-        EventBus(broker, settings.namespace),
+        pools,
+        bus,
         keys,
     )
     # One consumer group per topic, so a rebalance on one topic never pauses the other.
@@ -35,8 +40,10 @@ def create_app(settings: AnalyzerSettings | None = None) -> FastStream:
               limit=2 * 1024 * 1024)
     subscribe(broker, settings, Topic.OPS_NODE_STATE, "analyzer-node-state",
               analyzer.on_node_state)
-    return build_app(
-        broker, settings,
-        loops=[("pool-analysis", settings.pool_period_s, analyzer.analyze_pools)],
-        closers=[redis.aclose],
-    )
+    loops = [("pool-analysis", settings.pool_period_s, analyzer.analyze_pools)]
+    closers: list[Callable[[], Awaitable[None]]] = [redis.aclose]
+    if settings.planning.enabled:
+        planner = planner_for(settings, pools, bus)
+        loops.append(("capacity-planning", settings.planning.period_s, planner.tick))
+        closers.append(planner.close)
+    return build_app(broker, settings, loops=loops, closers=closers)

@@ -12,6 +12,7 @@ from services.analyzer.needs.load_balance import Args as LoadBalanceArgs
 from services.analyzer.needs.offline import Args as OfflineArgs
 from services.analyzer.needs.online import Args as OnlineArgs
 from services.analyzer.needs.scale import Args as ScaleArgs
+from services.analyzer.planning import PlanningArgs
 
 
 class AnalyzerSettings(ServiceSettings):
@@ -35,6 +36,8 @@ class AnalyzerSettings(ServiceSettings):
         default=5.0, gt=0.0, description="How often pools (the cluster level) are analysed."
     )
     dry_run: bool = Field(default=False, description="Raise needs marked not to be acted on.")
+    planning: PlanningArgs = Field(default_factory=PlanningArgs,
+                                   description="The capacity-planning loop (planning.py).")
     overrides: dict[str, dict[str, dict[str, Any]]] = Field(
         default_factory=dict,
         description='Per cluster or pool: {"<cluster>" or "<cluster>/<pool>": {"<need>": '

@@ -132,9 +132,10 @@ end
 return 1
 """
 
-# Pool utilisation history kept for the forecast: 10 s for a day, 1 min for a week,
-# 1 h for a year.
-POOL_HISTORY: tuple[tuple[int, int], ...] = ((10, 8_640), (60, 10_080), (3_600, 8_760))
+# Pool utilisation history kept for the forecast and the capacity plan: 10 s for a day,
+# 1 min for a week, 1 h for a year, 1 day for three years.
+POOL_HISTORY: tuple[tuple[int, int], ...] = (
+    (10, 8_640), (60, 10_080), (3_600, 8_760), (86_400, 1_096))
 
 
 class PoolStore:
@@ -147,11 +148,7 @@ class PoolStore:
 
     async def observe_pools(self, now: datetime) -> list[PoolObservation]:
         """Every pool of every cluster, from the collector's aggregates and queued demand."""
-        clusters = sorted(text(c) for c in await self.redis.smembers(self.keys.clusters()))
-        pools: list[tuple[str, str]] = []
-        for cluster in clusters:
-            names = await self.redis.smembers(self.keys.pools(cluster))
-            pools += [(cluster, text(p)) for p in sorted(names, key=text)]
+        pools = await self.pool_names()
         if not pools:
             return []
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -176,6 +173,15 @@ class PoolStore:
                 observed_at=now,
             ))
         return observations
+
+    async def pool_names(self) -> list[tuple[str, str]]:
+        """(cluster, pool) of every pool the collector knows, sorted."""
+        clusters = sorted(text(c) for c in await self.redis.smembers(self.keys.clusters()))
+        pools: list[tuple[str, str]] = []
+        for cluster in clusters:
+            names = await self.redis.smembers(self.keys.pools(cluster))
+            pools += [(cluster, text(p)) for p in sorted(names, key=text)]
+        return pools
 
     async def load_conditions(self, keys: list[str]) -> list[ConditionState | None]:
         if not keys:

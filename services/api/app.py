@@ -29,7 +29,7 @@ from services.api.forecasting import ForecastCache
 from services.api.publisher import Publisher
 from services.api.routes import alerts as alert_routes
 from services.api.routes import audit as audit_routes
-from services.api.routes import cluster, me, ml, tasks
+from services.api.routes import cluster, me, ml, plans, tasks
 from services.api.routes import templates as template_routes
 from services.api.settings import ApiSettings
 from services.scheduler.settings import SchedulerSettings
@@ -120,6 +120,7 @@ def create_api(settings: ApiSettings | None = None) -> FastAPI:
     app.include_router(tasks.router)
     app.include_router(template_routes.router)
     app.include_router(cluster.router)
+    app.include_router(plans.router)
     app.include_router(audit_routes.router)
     app.include_router(me.router)
     app.include_router(ml.router)

@@ -34,6 +34,7 @@ class Resolution(IntEnum):
     TEN_SECONDS = 10
     MINUTE = 60
     HOUR = 3600
+    DAY = 86400
 
 
 

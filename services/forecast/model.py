@@ -118,7 +118,9 @@ class _Hourly:
 
 
 @dataclass(frozen=True)
-class _Fitted:
+class Fitted:
+    """A fit's values ahead: the mean and its 80 % and 95 % intervals, one per step."""
+
     mean: FloatArray
     lower_80: FloatArray
     upper_80: FloatArray
@@ -167,7 +169,7 @@ def _minimum_hours(kind: ModelKind) -> int:
 
 
 def _fit(values: FloatArray, steps: int, periods: tuple[int, ...], damped: bool,
-         intervals: bool = True) -> _Fitted:
+         intervals: bool = True) -> Fitted:
     """Decompose (if seasonal), fit ETS(A,Ad,N) to the rest and forecast `steps` hours."""
     # Imported here: they take a second to import, which callers that never forecast (the
     # API's other routes, the CLI) should not pay. Neither ships type information (no
@@ -205,7 +207,7 @@ def _fit(values: FloatArray, steps: int, periods: tuple[int, ...], damped: bool,
     n = values.size
     if not intervals:
         mean = np.asarray(result.forecast(steps), dtype=np.float64) + ahead
-        return _Fitted(mean, mean, mean, mean, mean)
+        return Fitted(mean, mean, mean, mean, mean)
     prediction: Any = result.get_prediction(start=n, end=n + steps - 1)
     f80: Any = prediction.summary_frame(alpha=0.20)
     f95: Any = prediction.summary_frame(alpha=0.05)
@@ -213,16 +215,41 @@ def _fit(values: FloatArray, steps: int, periods: tuple[int, ...], damped: bool,
     def column(frame: Any, name: str) -> FloatArray:
         return np.asarray(frame[name], dtype=np.float64) + ahead
 
-    return _Fitted(column(f80, "mean"), column(f80, "pi_lower"), column(f80, "pi_upper"),
+    return Fitted(column(f80, "mean"), column(f80, "pi_lower"), column(f80, "pi_upper"),
                    column(f95, "pi_lower"), column(f95, "pi_upper"))
 
 
-def _naive(values: FloatArray, steps: int) -> _Fitted:
+def fit_ahead(values: FloatArray, steps: int, periods: tuple[int, ...] = (),
+              damped: bool = True, notes: list[str] | None = None,
+              min_points: int = MIN_TREND_HOURS) -> Fitted:
+    """`steps` values ahead of a regular series of any resolution (the capacity plan's daily
+    one): MSTL over `periods` (if any) plus ETS, as `forecast_utilisation` fits hours.
+
+    A constant series, one shorter than `min_points` points, or a fit that is not finite
+    gets the random-walk forecast; why goes to `notes`, with the fit's warnings.
+    """
+    notes = [] if notes is None else notes
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if values.size < min_points or float(np.ptp(values)) == 0.0:
+            notes.append(f"{values.size} points, constant or too few for a trend: "
+                         "last value carried forward")
+            return _naive(values, steps)
+        fitted = _fit(values, steps, periods, damped)
+    if not all(np.isfinite(getattr(fitted, name)).all() for name in _COLUMNS):
+        notes.append("the fit gave non-finite values: last value carried forward")
+        return _naive(values, steps)
+    for message in dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught):
+        notes.append(message[:200])
+    return fitted
+
+
+def _naive(values: FloatArray, steps: int) -> Fitted:
     """The last value, widening as a random walk's: sigma of the hourly changes times sqrt(h)."""
     sigma = float(np.std(np.diff(values), ddof=1)) if values.size >= MIN_NAIVE_HOURS else 0.0
     spread = sigma * np.sqrt(np.arange(1, steps + 1, dtype=np.float64))
     mean = np.full(steps, float(values[-1]), dtype=np.float64)
-    return _Fitted(mean, mean - _Z80 * spread, mean + _Z80 * spread,
+    return Fitted(mean, mean - _Z80 * spread, mean + _Z80 * spread,
                    mean - _Z95 * spread, mean + _Z95 * spread)
 
 
@@ -304,7 +331,7 @@ def _check_arguments(now: datetime, horizons: Sequence[timedelta], selection_day
 
 def _fit_model(values: FloatArray, steps: int, seasonality: Seasonality, damped_trend: bool,
                selection_days: int, notes: list[str]
-               ) -> tuple[ModelKind, dict[str, float], _Fitted]:
+               ) -> tuple[ModelKind, dict[str, float], Fitted]:
     """The model chosen for `values` and its fit over `steps` hours, falling back to the
     naive forecast when the history is constant or the fit is not finite."""
     # Fit warnings (convergence, mostly) become notes instead of escaping to the caller.
@@ -332,7 +359,7 @@ def _fit_model(values: FloatArray, steps: int, seasonality: Seasonality, damped_
     return kind, scores, fitted
 
 
-def _points(fitted: _Fitted, bounds: tuple[float | None, float | None], last_at: datetime,
+def _points(fitted: Fitted, bounds: tuple[float | None, float | None], last_at: datetime,
             first_point: datetime, end: datetime, steps: int) -> list[ForecastPoint]:
     """The fitted hours from the current one to the last horizon's end, clipped to `bounds`."""
     columns = [_clip(getattr(fitted, name), bounds) for name in _COLUMNS]

@@ -67,6 +67,15 @@ class Keys:
         """LIST of "<minute>:<mean utilisation>" for a node, newest first."""
         return f"{self.prefix}history:{cluster}:{node}"
 
+    def pool_history(self, cluster: str, pool: str, resolution_s: int) -> str:
+        """LIST of "<epoch s>:<mean effective utilisation>" of a pool at one resolution,
+        newest first (the analyzer's PoolStore.record_utilization)."""
+        return f"{self.prefix}poolhist:{cluster}:{pool}:{resolution_s}"
+
+    def capacity_plan(self, cluster: str, pool: str, hour: str) -> str:
+        """STRING: the pool's capacity plan (PoolPlan JSON) made in one UTC hour (YYYYMMDDHH)."""
+        return f"{self.prefix}capacity-plan:{cluster}:{pool}:{hour}"
+
     def demand(self, cluster: str, pool: str) -> str:
         """Queued GPU demand of a pool, as a share of its capacity (%), kept by the router."""
         return f"{self.prefix}demand:{cluster}:{pool}"

@@ -1,8 +1,9 @@
 """Task store wiring: `faststream run services.store.app:create_app --factory`.
 
-Consumes `ops.task-events.v1` in its own group ("store") and records every event, and the
-ML tasks' submissions, decisions and outcomes (groups "store-ml-*"); the schema is
-migrated before the broker starts consuming.
+Consumes `ops.task-events.v1` in its own group ("store") and records every event, the
+ML tasks' submissions, decisions and outcomes (groups "store-ml-*"), and the pools'
+capacity plans (group "store-capacity-plans"); the schema is migrated before the broker
+starts consuming.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from schemas.topics import Topic
 from services.shared.runtime import build_app
 from services.store.db import migrate, open_store
 from services.store.ml import MlRecorder
+from services.store.plans import PlanRecorder
 from services.store.recorder import Recorder
 from services.store.settings import StoreSettings
 
@@ -31,6 +33,8 @@ def create_app(settings: StoreSettings | None = None) -> FastStream:
     subscribe(broker, settings, Topic.ML_TASKS_SUBMITTED, "store-ml-submitted", ml.on_submitted)
     subscribe(broker, settings, Topic.ML_DECISIONS, "store-ml-decisions", ml.on_selected)
     subscribe(broker, settings, Topic.ML_TASKS_OUTCOMES, "store-ml-outcomes", ml.on_outcome)
+    plans = PlanRecorder(store)
+    subscribe(broker, settings, Topic.OPS_CAPACITY_PLANS, "store-capacity-plans", plans.on_plan)
 
     async def migrate_schema() -> None:
         await migrate(settings.database_url)

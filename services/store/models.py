@@ -290,3 +290,24 @@ class AlertRecord(Base):
     last_change: Mapped[str] = mapped_column(String(16))
     # True while that change has not reached every webhook yet.
     webhook_pending: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class CapacityPlanRecord(Base):
+    """One published capacity plan of a pool (a CapacityPlan event), kept as it was sent: the
+    columns a list needs, the plan itself in `body`."""
+
+    __tablename__ = "capacity_plans"
+    __table_args__ = (Index("ix_capacity_plans_pool_generated", "cluster_id", "pool",
+                            "generated_at"),)
+
+    event_id: Mapped[UUID] = mapped_column(Uuid, primary_key=True)
+    cluster_id: Mapped[str] = mapped_column(String(128))
+    pool: Mapped[str] = mapped_column(String(128))
+    generated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    horizon_days: Mapped[int] = mapped_column(Integer)
+    model: Mapped[str] = mapped_column(String(256))
+    leaves_range_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Nodes and GPUs of every procurement step, added up.
+    nodes_to_add: Mapped[int] = mapped_column(Integer)
+    gpus_to_add: Mapped[int] = mapped_column(Integer)
+    body: Mapped[dict[str, Any]] = mapped_column(JSON)

@@ -13,7 +13,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.events.v1 import StepState, TaskState
+from schemas.events.v1 import PoolPlan, StepState, TaskState
 
 # A step no event has been recorded for yet.
 StepRowState = StepState | Literal["pending"]
@@ -209,3 +209,14 @@ class AlertRow(BaseModel):
     acknowledged_at: datetime | None
     ack_reason: str | None
     delivered_at: datetime | None
+
+
+class PlanRow(BaseModel):
+    """One recorded capacity plan of a pool (the CapacityPlan event's body)."""
+
+    model_config = _ROW
+
+    event_id: UUID
+    cluster: str
+    pool: str
+    plan: PoolPlan

@@ -13,6 +13,7 @@ from schemas.events.v1 import (
     AddCapacity,
     Alert,
     CandidateVerdict,
+    CapacityPlan,
     Command,
     CommandPayload,
     CommandResult,
@@ -32,7 +33,10 @@ from schemas.events.v1 import (
     OpsNeed,
     OpsTask,
     PeerProbe,
+    PlanDay,
     PoolHealth,
+    PoolPlan,
+    ProcurementStep,
     Sample,
     SampleBatch,
     SelectionAvoid,
@@ -172,7 +176,31 @@ def examples() -> dict[str, Envelope]:
         "alert": Alert(**envelope(12, "scheduler", "local"), severity="critical",
                        kind="breaker_open", dedup_key="breaker.local.offline",
                        message="3 failed offline adjustments in the window"),
+        "capacity_plan": capacity_plan(),
     }
+
+
+def capacity_plan() -> CapacityPlan:
+    """A pool of ten 8-GPU nodes whose peak leaves the range on its second day."""
+    day = T0.replace(hour=0, minute=0, second=0, microsecond=0)
+    days = [
+        PlanDay(day=day, peak_pct=74.0, lower_80=70.0, upper_80=78.0, lower_95=68.0,
+                upper_95=80.0, nodes_mean=10, nodes_upper_80=11),
+        PlanDay(day=day + timedelta(days=1), peak_pct=82.0, lower_80=76.0, upper_80=88.0,
+                lower_95=73.0, upper_95=91.0, nodes_mean=11, nodes_upper_80=12),
+    ]
+    order = ProcurementStep(
+        needed_by=day, order_by=day, node_type="8gpu", gpus_per_node=8, nodes=2, gpus=16,
+        basis="upper_80", late=True,
+        reason="8gpu x2 (16 GPUs) by 2026-11-30: the upper_80 peak needs 12 nodes within 2 "
+               "days (10 planned); the lead time has already run out: order now")
+    plan = PoolPlan(
+        generated_at=T0, horizon_days=2, model="MSTL(7d) + ETS(A,Ad,N) on the daily means",
+        history_days=90, history_from=day - timedelta(days=90), peak_uplift_pct=6.5,
+        band=Band(), nodes_now=10, gpus_now=80, node_type="8gpu", gpus_per_node=8,
+        lead_time_days=42, leaves_range_at=day + timedelta(days=1),
+        leaves_range_at_upper_80=day + timedelta(days=1), days=days, procurement=[order])
+    return CapacityPlan(**envelope(18, "analyzer", "default"), pool="default", plan=plan)
 
 
 def model_selected() -> ModelSelected:

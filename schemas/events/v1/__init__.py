@@ -2,7 +2,8 @@
 
 - `values`: value types more than one family uses (bounds, node modes, ML inputs);
 - `reports`: what an agent reports every interval;
-- `analysis`: samples, node states, needs and pool health derived from the reports;
+- `analysis`: samples, node states, needs, pool health and capacity plans derived from the
+  reports;
 - `actions`: what a step may do, on a node (the agent) or in the centre (the executor);
 - `tasks`: ops tasks, their steps and lifecycle, operators' control and alerts;
 - `commands`: signed commands to an agent and its answers;
@@ -50,12 +51,17 @@ from schemas.events.v1.actions import (
 )
 from schemas.events.v1.analysis import (
     ActionClass,
+    CapacityPlan,
     Evidence,
     NeedLevel,
     NodeState,
     NodeStateName,
     OpsNeed,
+    PlanBasis,
+    PlanDay,
     PoolHealth,
+    PoolPlan,
+    ProcurementStep,
     Sample,
     SampleBatch,
     state_from_mode,
@@ -132,6 +138,7 @@ EVENT_MODELS: dict[str, type[Envelope]] = {
     "task_control": TaskControl,
     "alert": Alert,
     "pool_health": PoolHealth,
+    "capacity_plan": CapacityPlan,
     "ml_task_submitted": MlTaskSubmitted,
     "ml_task_outcome": MlTaskOutcome,
     "model_selected": ModelSelected,
@@ -159,6 +166,7 @@ __all__ = [
     "Attempt",
     "Cancel",
     "CandidateVerdict",
+    "CapacityPlan",
     "Command",
     "CommandPayload",
     "CommandResult",
@@ -201,10 +209,14 @@ __all__ = [
     "OutputValue",
     "PeerProbe",
     "Percent",
+    "PlanBasis",
+    "PlanDay",
     "PolicyModel",
     "PoolHealth",
+    "PoolPlan",
     "Priority",
     "ProbeNode",
+    "ProcurementStep",
     "QueryStatus",
     "ReleaseNode",
     "RemoveCapacity",

@@ -1,5 +1,5 @@
 """What the collector and the analyzer derive from reports: samples, node states, needs, pool
-health."""
+health, and the pools' capacity plans."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from uuid import UUID
 
 from pydantic import AwareDatetime, Field
 
-from schemas.envelope import Envelope, Identifier, ShortText, Strict
+from schemas.envelope import Envelope, Identifier, Reason, ShortText, Strict
 from schemas.events.v1.reports import Fault, GpuSource
 from schemas.events.v1.values import Count, NeedKind, NodeMode, Percent, Seq
-from schemas.ranges import Ranges
+from schemas.ranges import Band, Ranges
 
 NodeStateName = Literal["up", "suspect", "down", "draining", "offline"]
 NeedLevel = Literal["gpu", "node", "cluster"]
@@ -128,3 +128,77 @@ class PoolHealth(Envelope):
         default=0.0, description="Queued GPU demand as a share of the pool's capacity."
     )
     effective_utilization_pct: Annotated[float, Field(ge=0.0, le=1e6)]
+
+
+# ---------------------------------------------------------------- capacity planning
+
+PlanBasis = Literal["mean", "upper_80"]
+PlanPct = Annotated[float, Field(ge=0.0, le=1e6)]
+
+
+class PlanDay(Strict):
+    """One day of a capacity plan: the forecast daily peak utilisation (% of the pool's
+    capacity today) with its 80 % and 95 % intervals, and the nodes that keep it within the
+    range (at or below `high_exit`) on the mean and on the 80 % upper bound."""
+
+    day: AwareDatetime = Field(description="Midnight UTC starting the day.")
+    peak_pct: PlanPct
+    lower_80: PlanPct
+    upper_80: PlanPct
+    lower_95: PlanPct
+    upper_95: PlanPct
+    nodes_mean: Count
+    nodes_upper_80: Count
+
+
+class ProcurementStep(Strict):
+    """Nodes of one type to have in the pool by `needed_by`, ordered by `order_by` (the
+    procurement lead time before); a step adds to the pool as it is plus the earlier steps."""
+
+    needed_by: AwareDatetime
+    order_by: AwareDatetime
+    node_type: Identifier
+    gpus_per_node: Annotated[int, Field(ge=1, le=64)]
+    nodes: Annotated[int, Field(ge=1, le=100_000)]
+    gpus: Annotated[int, Field(ge=1, le=6_400_000)]
+    basis: PlanBasis
+    late: bool = Field(default=False, description="order_by was already past when planned.")
+    reason: Reason
+
+
+class PoolPlan(Strict):
+    """A pool's capacity plan, weeks to months ahead (services/forecast/planning.py)."""
+
+    generated_at: AwareDatetime
+    horizon_days: Annotated[int, Field(ge=1, le=1_096)]
+    model: ShortText
+    history_days: Count
+    history_from: AwareDatetime | None = None
+    peak_uplift_pct: PlanPct = Field(
+        description="The typical daily peak hour above the daily mean, from hourly history.")
+    band: Band
+    nodes_now: Count
+    gpus_now: Count
+    node_type: Identifier
+    gpus_per_node: Annotated[int, Field(ge=1, le=64)]
+    lead_time_days: Annotated[int, Field(ge=0, le=730)]
+    leaves_range_at: AwareDatetime | None = Field(
+        default=None, description="First day the peak (mean) is above high_enter.")
+    leaves_range_at_upper_80: AwareDatetime | None = Field(
+        default=None, description="First day the peak's 80 % upper bound is above high_enter.")
+    below_range_at: AwareDatetime | None = Field(
+        default=None, description="First day the peak's 80 % upper bound is below low_enter "
+                                  "(more capacity than the pool needs; never a removal).")
+    days: list[PlanDay] = Field(default_factory=list, max_length=1_096)
+    procurement: list[ProcurementStep] = Field(default_factory=list, max_length=32)
+    notes: list[ShortText] = Field(default_factory=list, max_length=16)
+
+
+class CapacityPlan(Envelope):
+    """A pool's periodic capacity plan for procurement, published for other teams.
+
+    The subject is the pool. Advice only: nothing in ClusterWarden acts on a plan."""
+
+    event_type: Literal["capacity_plan"] = "capacity_plan"
+    pool: Identifier
+    plan: PoolPlan

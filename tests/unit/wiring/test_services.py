@@ -43,6 +43,7 @@ from services.scheduler.handlers import Scheduler
 from services.scheduler.settings import SchedulerSettings
 from services.store import app as store_app
 from services.store.ml import MlRecorder
+from services.store.plans import PlanRecorder
 from services.store.recorder import Recorder as TaskRecorder
 from services.store.settings import StoreSettings
 from services.templater import app as templater_app
@@ -102,7 +103,9 @@ SERVICES: dict[str, Service] = {
          Wire(Topic.ML_TASKS_SUBMITTED, "wiring.store-ml-submitted", MlRecorder,
               "on_submitted"),
          Wire(Topic.ML_DECISIONS, "wiring.store-ml-decisions", MlRecorder, "on_selected"),
-         Wire(Topic.ML_TASKS_OUTCOMES, "wiring.store-ml-outcomes", MlRecorder, "on_outcome"))),
+         Wire(Topic.ML_TASKS_OUTCOMES, "wiring.store-ml-outcomes", MlRecorder, "on_outcome"),
+         Wire(Topic.OPS_CAPACITY_PLANS, "wiring.store-capacity-plans", PlanRecorder,
+              "on_plan"))),
     "alerts": Service(
         lambda state: alerts_app.create_app(
             AlertsSettings(namespace=NAMESPACE, state_dir=str(state),

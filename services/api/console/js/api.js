@@ -95,3 +95,25 @@ export function errorLine(err) {
   if (err.status === 0) return err.message;
   return `${err.status} ${STATUS_TEXT[err.status] || ""}: ${err.message}`.replace(" :", ":");
 }
+
+/** Fetch `path` with the session's token and save it as `filename` (a link alone would not
+ * carry the token). */
+export async function download(path, filename) {
+  const headers = {};
+  const token = getToken();
+  if (token) headers.Authorization = `Bearer ${token}`;
+  const response = await fetch(path, { headers, cache: "no-store" });
+  if (!response.ok) {
+    const err = new ApiError(response.status, STATUS_TEXT[response.status] || response.statusText, null);
+    if (response.status === 401) for (const fn of unauthorised) fn(err);
+    throw err;
+  }
+  const url = URL.createObjectURL(await response.blob());
+  const a = document.createElement("a");
+  a.href = url;
+  a.download = filename;
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 1000);
+}

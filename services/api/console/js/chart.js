@@ -8,7 +8,8 @@ const MARGIN = { left: 46, right: 74, top: 14, bottom: 30 };
 const MINUTE = 60e3;
 const HOUR = 60 * MINUTE;
 const DAY = 24 * HOUR;
-const TICK_STEPS = [10 * MINUTE, 30 * MINUTE, HOUR, 3 * HOUR, 6 * HOUR, 12 * HOUR, DAY, 2 * DAY, 7 * DAY];
+const TICK_STEPS = [10 * MINUTE, 30 * MINUTE, HOUR, 3 * HOUR, 6 * HOUR, 12 * HOUR, DAY, 2 * DAY, 7 * DAY,
+  14 * DAY, 28 * DAY];
 const DAYS = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"];
 const pad = (n) => String(n).padStart(2, "0");
 
@@ -26,7 +27,7 @@ function timeTicks(t0, t1, width) {
   // Aligned to local midnight for day steps, to the step otherwise (time zone offset included).
   const offset = new Date(t0).getTimezoneOffset() * MINUTE;
   let t = Math.ceil((t0 - offset) / step) * step + offset;
-  if (step === 7 * DAY) t = Math.ceil((t0 - offset) / DAY) * DAY + offset;
+  if (step >= 7 * DAY) t = Math.ceil((t0 - offset) / DAY) * DAY + offset;
   const out = [];
   for (; t <= t1; t += step) out.push(t);
   return { ticks: out, step };
@@ -67,7 +68,8 @@ function nearest(sorted, t) {
 /**
  * Draw into `el` (its current size). data: {history: [{at, util_pct}], resolution_s,
  * band: {low_enter, low_exit, high_enter, high_exit}, forecast: {points} | null,
- * horizonMs, now: Date, proposal: {before, nodes} | null}
+ * horizonMs, now: Date, proposal: {before, nodes} | null, markers: [{at, label}] (optional),
+ * forecastGapMs: the longest step the forecast line bridges (default 2 h; a plan's days: 2 d)}
  */
 export function drawCapacityChart(el, data) {
   const width = Math.max(320, el.clientWidth || 800);
@@ -127,7 +129,7 @@ export function drawCapacityChart(el, data) {
     svg.append(
       s("path", { class: "fc-95", d: areaPath(fc, x, y, "lower_95", "upper_95") }),
       s("path", { class: "fc-80", d: areaPath(fc, x, y, "lower_80", "upper_80") }),
-      s("path", { class: "fc-mean", d: linePath(fc.map((p) => [p.t, p.mean]), x, y, 2 * HOUR) }),
+      s("path", { class: "fc-mean", d: linePath(fc.map((p) => [p.t, p.mean]), x, y, data.forecastGapMs || 2 * HOUR) }),
     );
   }
   const gap = Math.max(3 * (data.resolution_s || 60) * 1000, 2 * MINUTE);
@@ -145,6 +147,15 @@ export function drawCapacityChart(el, data) {
         s("text", { class: "proposal-label", x: x(t) + 4, y: MARGIN.top + 24 }, `shadow: +${data.proposal.nodes} node${data.proposal.nodes === 1 ? "" : "s"} before`),
       );
     }
+  }
+
+  for (const [i, m] of (data.markers || []).entries()) {
+    const t = new Date(m.at).getTime();
+    if (t < t0 || t > t1) continue;
+    svg.append(
+      s("line", { class: "proposal", x1: x(t), x2: x(t), y1: MARGIN.top, y2: height - MARGIN.bottom }),
+      s("text", { class: "proposal-label", x: x(t) + 4, y: MARGIN.top + 24 + 12 * i }, m.label),
+    );
   }
 
   // Hover: the nearest history point or forecast hour.

@@ -1,12 +1,14 @@
 // Capacity: a pool's utilisation history with the range band and the forecast
 // (GET /api/capacity), and the capacity report read from it: when the range will be left,
-// nodes needed, a shadow scale-out (recorded, never acted on) and never a scale-in.
+// nodes needed, a shadow scale-out (recorded, never acted on) and never a scale-in; below
+// them the pool's capacity plan for procurement (views/plan.js).
 
 import { get, withQuery } from "../api.js";
 import { drawCapacityChart } from "../chart.js";
 import { fmtHorizon, fmtPct, fmtTime, h, kv } from "../dom.js";
 import { poller } from "../poll.js";
 import { replaceParams } from "../router.js";
+import { planSection } from "./plan.js";
 
 const POLL_MS = 30000;
 const SPANS = {
@@ -87,6 +89,7 @@ export function capacityView(container, { params, live }) {
   const summary = h("div", { class: "page-head" });
   const report = h("div", {});
   const error = h("p", { class: "error", role: "alert", hidden: true });
+  const plan = planSection();
 
   container.append(
     h("div", { class: "page-head" }, h("h1", {}, "Capacity"),
@@ -102,7 +105,8 @@ export function capacityView(container, { params, live }) {
         h("span", {}, h("i", { class: "fc-mean" }), "forecast mean"),
         h("span", {}, h("i", { class: "fc-80" }), "80% interval"),
         h("span", {}, h("i", { class: "fc-95" }), "95% interval"))),
-    h("section", { class: "panel" }, h("h2", {}, "Forecast and capacity report"), report));
+    h("section", { class: "panel" }, h("h2", {}, "Forecast and capacity report"), report),
+    plan.element);
 
   let clusters = [];
   let last = null;
@@ -137,7 +141,7 @@ export function capacityView(container, { params, live }) {
       proposal: last.capacity_report && last.capacity_report.proposal,
     });
   }
-  const onResize = () => draw();
+  const onResize = () => { draw(); plan.draw(); };
   window.addEventListener("resize", onResize);
 
   const poll = poller(async (signal) => {
@@ -175,6 +179,7 @@ export function capacityView(container, { params, live }) {
     ].filter(Boolean));
     draw();
     report.replaceChildren(...reportPanel(last));
+    await plan.refresh(state.cluster, state.pool, signal);
   }, POLL_MS, live);
 
   return () => { poll.stop(); window.removeEventListener("resize", onResize); };
