@@ -93,6 +93,7 @@ from schemas.events.v1.reports import (
 from schemas.events.v1.tasks import (
     Alert,
     AlertStatus,
+    BreakerScope,
     Guard,
     OpsTask,
     Step,
@@ -157,6 +158,7 @@ __all__ = [
     "AlertStatus",
     "ArmKey",
     "Attempt",
+    "BreakerScope",
     "Cancel",
     "CandidateVerdict",
     "Command",
