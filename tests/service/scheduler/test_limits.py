@@ -98,7 +98,8 @@ async def test_an_open_node_breaker_holds_every_kind_on_its_node_until_reset(
     assert await s.breakers.holding("local") == {"offline@node-1"}
     [alert] = alerts(s)
     assert alert.dedup_key == "breaker.local.node.offline.node-1"
-    assert "(node scope)" in alert.message and "node node-1" in alert.message
+    assert "(node scope)" in alert.message
+    assert "node node-1" in alert.message
 
     await queue(s, task("node-1", kind="online"), task("node-2", kind="online"))
     await s.dispatch()
