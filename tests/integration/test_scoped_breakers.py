@@ -166,12 +166,20 @@ async def models_ready(redis: Redis, keys: Keys, nodes: list[str]) -> bool:
     return {n for n, _, _ in await ready_arms(redis, keys)} >= set(nodes)
 
 
+def scoped_env(bootstrap: str, redis_url: str, namespace: str, state_dir: Path, scope: str,
+               **extra: str) -> dict[str, str]:
+    """The stack's environment with the offline kind's breaker of `scope`."""
+    return stack_env(bootstrap, redis_url, namespace, state_dir, AGENT_JOBS="",
+                     WARDEN_LOG_LEVEL="INFO",
+                     SCHEDULER_BREAKER_SCOPES=json.dumps({"offline": scope}),
+                     **BREAKER_ENV, **extra)
+
+
 @pytest.mark.timeout(600)
 async def test_a_node_breaker_stops_the_nodes_ops_and_ml_tasks_until_reset(
         kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path) -> None:
-    env = stack_env(kafka_bootstrap, redis_url, namespace, tmp_path, AGENT_JOBS="",
-                    AGENT_PEER_PROBES="0", WARDEN_LOG_LEVEL="INFO",
-                    SCHEDULER_BREAKER_SCOPES=json.dumps({"offline": "node"}), **BREAKER_ENV)
+    env = scoped_env(kafka_bootstrap, redis_url, namespace, tmp_path, "node",
+                     AGENT_PEER_PROBES="0")
     _, public = ensure_keypair(tmp_path / "keys")
     redis, keys = connect_redis(redis_url), Keys(namespace)
     bad, good = "node-001", "node-002"
@@ -237,9 +245,8 @@ async def test_a_node_breaker_stops_the_nodes_ops_and_ml_tasks_until_reset(
 @pytest.mark.timeout(600)
 async def test_a_cluster_breaker_holds_every_task_of_its_cluster_while_another_runs(
         kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path) -> None:
-    env = stack_env(kafka_bootstrap, redis_url, namespace, tmp_path, AGENT_JOBS="",
-                    WARDEN_LOG_LEVEL="INFO", ANALYZER_POOL_PERIOD_S="1",
-                    SCHEDULER_BREAKER_SCOPES=json.dumps({"offline": "cluster"}), **BREAKER_ENV)
+    env = scoped_env(kafka_bootstrap, redis_url, namespace, tmp_path, "cluster",
+                     ANALYZER_POOL_PERIOD_S="1")
     _, public = ensure_keypair(tmp_path / "keys")
     west, east = tmp_path / "west", tmp_path / "east"
     redis, keys = connect_redis(redis_url), Keys(namespace)
