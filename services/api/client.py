@@ -120,11 +120,13 @@ class ApiClient:
                                                 params={"cluster": cluster})["nodes"]
         return found
 
-    def reset_breaker(self, cluster: str, kind: str, reason: str,
-                      node: str | None = None) -> dict[str, Any]:
+    def reset_breaker(self, cluster: str, kind: str, reason: str, node: str | None = None,
+                      scope: str | None = None) -> dict[str, Any]:
         """Close a breaker (admin); the API audits it under the token's user and announces it."""
-        reset: dict[str, Any] = self.call("POST", "/api/breakers/reset", json={
-            "cluster": cluster, "kind": kind, "node": node, "reason": reason})
+        body = {"cluster": cluster, "kind": kind, "node": node, "reason": reason}
+        if scope is not None:
+            body["scope"] = scope
+        reset: dict[str, Any] = self.call("POST", "/api/breakers/reset", json=body)
         return reset
 
     def templates(self) -> list[dict[str, Any]]:

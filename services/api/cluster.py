@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 
 from schemas.events.v1 import NodeStateName
 from services.executor.cluster_view import parse_jobs
-from services.scheduler.breaker import SCOPE_SEPARATOR, BreakerState, kind_of
+from services.scheduler.breaker import BreakerState, kind_of, node_of, scope_of
 from services.scheduler.breaker_store import BreakerStore
 from services.scheduler.safety import budget_capacity
 from services.scheduler.safety_store import SafetyStore, SafetyUnreadable
@@ -106,6 +106,8 @@ class BreakerOut(BaseModel):
     cluster: str
     name: str
     kind: str
+    scope: str = Field(description="What it stops open: kind, node (ops and ML tasks on the "
+                                    "node) or cluster (every ops task of the cluster).")
     node: str | None
     readable: bool
     status: str | None = None
@@ -178,12 +180,12 @@ def node_out(cluster: str, node: str, row: list[bytes | str | None], enrolled: b
 
 
 def breaker_out(cluster: str, name: str, state: BreakerState | None) -> BreakerOut:
-    node = name.partition(SCOPE_SEPARATOR)[2] or None
+    node, scope = node_of(name), scope_of(name)
     if state is None:
-        return BreakerOut(cluster=cluster, name=name, kind=kind_of(name), node=node,
-                          readable=False)
+        return BreakerOut(cluster=cluster, name=name, kind=kind_of(name), scope=scope,
+                          node=node, readable=False)
     return BreakerOut(
-        cluster=cluster, name=name, kind=kind_of(name), node=node, readable=True,
+        cluster=cluster, name=name, kind=kind_of(name), scope=scope, node=node, readable=True,
         status=state.status, window="".join("F" if f else "S" for f in state.window),
         consecutive_failures=state.consecutive_failures, openings=state.openings,
         opened_at=_at(state.opened_at), trial_task=state.trial_task,

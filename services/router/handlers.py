@@ -72,6 +72,7 @@ from services.router.registry import (
 )
 from services.router.settings import RouterSettings
 from services.router.stats_store import StatsStore, begin_writes, is_arm, optimistic
+from services.shared.breaker_holds import StoppedNodes
 from services.shared.redis_client import Keys, text
 
 log = logging.getLogger("clusterwarden.router")
@@ -123,6 +124,8 @@ class Router:
         self.stats = stats
         self.rng = rng or random.Random()
         self.clock = clock
+        # Nodes an open node-scoped circuit breaker stops get no ML task (read once a second).
+        self.stopped = StoppedNodes(redis, keys, cache_s=settings.breaker_cache_s, clock=clock)
         self._claim = redis.register_script(_CLAIM)
         self._create = redis.register_script(_CREATE)
         self._turns: dict[UUID, _Turn] = {}
@@ -426,9 +429,11 @@ class Router:
         `task` is the record's task as the caller read it (it never changes)."""
         cluster = task.cluster_id
         now = self.clock()
+        stopped = await self.stopped.of(cluster)
+        entries = [e for e in await self.registry.entries(cluster, now) if e.node not in stopped]
         found = bounded(
-            candidates(await self.registry.entries(cluster, now), task.task_type, now,
-                       self.settings.fallbacks, self.settings.registry_stale_after_s),
+            candidates(entries, task.task_type, now, self.settings.fallbacks,
+                       self.settings.registry_stale_after_s),
             self.settings.max_candidates, self.rng)
         by_arm = {c.arm: c for c in found}
         stat_keys = snapshot_keys(found)

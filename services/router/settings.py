@@ -54,6 +54,10 @@ class RouterSettings(ServiceSettings):
         default=0.5, ge=0.0, le=60.0,
         description="How long one read of the registry is reused for decisions.",
     )
+    breaker_cache_s: float = Field(
+        default=1.0, ge=0.0, le=60.0,
+        description="How long one read of the nodes stopped by circuit breakers is reused.",
+    )
     batch_max_records: int = Field(
         default=500, ge=1, le=10_000,
         description="Reports the registry consumes (and applies in one round trip) at once.",

@@ -3,7 +3,11 @@
 The policy stays in `breaker`; a change is read, computed there, and written by a Lua script
 only if the hash's version is still the one read. Two schedulers racing for the single
 half-open trial therefore cannot both win: the loser sees a new version and reads again.
-A breaker name is a task kind, or `<kind>@<target>` with the node scope (see `breaker`).
+A breaker name is a task kind, `<kind>@<node>` or `<kind>@*` (see `breaker`). A node- or
+cluster-scoped breaker that is not closed is also a member of its cluster's hold set
+(`Keys.breaker_holds`), changed in the same script as its hash: the scheduler reads that set
+once a tick to hold back every task the breaker stops, the router to keep ML tasks away
+from a stopped node.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from schemas.events.v1 import OpsTask
 from services.scheduler import breaker
 from services.scheduler.breaker import BreakerConfig, BreakerState, Decision, Outcome
 from services.shared.audit import AuditLog, AuditRecord, Role, VersionedWrite
+from services.shared.breaker_holds import holding
 from services.shared.locks import Locks
 from services.shared.redis_client import Keys, text
 
@@ -34,16 +39,19 @@ DEDUPE_TTL_MS = 7 * 24 * 3_600_000
 TASK_INDEX_TTL_S = 7 * 24 * 3_600
 CAS_ATTEMPTS = 20
 
-# KEYS[1] breaker hash, KEYS[2] dedupe key; ARGV[1] version read, ARGV[2] '1' to dedupe,
-# ARGV[3] dedupe TTL (ms), ARGV[4..] field/value pairs. Returns 1 written, 0 version moved on,
-# -1 already recorded.
+# KEYS[1] breaker hash, KEYS[2] dedupe key, KEYS[3] the cluster's hold set; ARGV[1] version
+# read, ARGV[2] '1' to dedupe, ARGV[3] dedupe TTL (ms), ARGV[4] '+' / '-' to add the breaker
+# to / remove it from the hold set ('' neither), ARGV[5] its name, ARGV[6..] field/value
+# pairs. Returns 1 written, 0 version moved on, -1 already recorded.
 CAS = """
 local dedupe = ARGV[2] == '1'
 if dedupe and redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
 local current = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
 if current ~= tonumber(ARGV[1]) then return 0 end
 if dedupe then redis.call('SET', KEYS[2], '1', 'PX', ARGV[3]) end
-redis.call('HSET', KEYS[1], 'version', current + 1, unpack(ARGV, 4))
+if ARGV[4] == '+' then redis.call('SADD', KEYS[3], ARGV[5]) end
+if ARGV[4] == '-' then redis.call('SREM', KEYS[3], ARGV[5]) end
+redis.call('HSET', KEYS[1], 'version', current + 1, unpack(ARGV, 6))
 return 1
 """
 
@@ -77,11 +85,13 @@ class BreakerReset:
 
 @dataclass(frozen=True)
 class TaskIndex:
-    """What a task's outcome is counted against: its cluster, kind and target."""
+    """What a task's outcome is counted against: its cluster, kind, target and breaker (''
+    in an entry indexed before breakers were)."""
 
     cluster: str
     kind: str
     target: str
+    breaker: str = ""
 
 
 def encode(state: BreakerState) -> list[str]:
@@ -89,6 +99,7 @@ def encode(state: BreakerState) -> list[str]:
     fields = {
         "status": state.status,
         "window": "".join("F" if failed else "S" for failed in state.window),
+        "window_at": ",".join(repr(at) for at in state.window_at),
         "consecutive_failures": str(state.consecutive_failures),
         "opened_at": "" if state.opened_at is None else repr(state.opened_at),
         "openings": str(state.openings),
@@ -106,6 +117,7 @@ def decode(raw: dict[str, str]) -> tuple[BreakerState, int]:
         state = BreakerState.model_validate_json(json.dumps({
             "status": raw["status"],
             "window": [c == "F" for c in raw.get("window", "")],
+            "window_at": [float(at) for at in raw.get("window_at", "").split(",") if at],
             "consecutive_failures": int(raw.get("consecutive_failures", "0")),
             "opened_at": float(raw["opened_at"]) if raw.get("opened_at") else None,
             "openings": int(raw.get("openings", "0")),
@@ -115,6 +127,13 @@ def decode(raw: dict[str, str]) -> tuple[BreakerState, int]:
         return state, int(raw.get("version", "0"))
     except (KeyError, ValueError) as err:
         raise BreakerUnreadable(f"corrupt breaker hash: {err}") from err
+
+
+def hold_op(name: str, state: BreakerState) -> str:
+    """How a write of `state` to breaker `name` changes its cluster's hold set."""
+    if not breaker.holds_beyond_its_kind(name):
+        return ""
+    return "-" if state.status == "CLOSED" else "+"
 
 
 class BreakerStore:
@@ -158,11 +177,20 @@ class BreakerStore:
             raise BreakerUnreadable(repr(err)) from err
         return decode({text(k): text(v) for k, v in raw.items()})
 
+    def holds_key(self, cluster: str) -> str:
+        return self.keys.breaker_holds(cluster)
+
+    async def holding(self, cluster: str) -> set[str]:
+        """The node- and cluster-scoped breakers of `cluster` that are not closed."""
+        return await holding(self.redis, self.keys, cluster)
+
     async def _write(self, cluster: str, kind: str, version: int, state: BreakerState,
                      dedupe_task: str = "") -> Write:
         return _WRITES[int(await self._cas(
-            keys=[self.key(cluster, kind), self._dedupe_key(dedupe_task or "-")],
-            args=[version, "1" if dedupe_task else "0", DEDUPE_TTL_MS, *encode(state)],
+            keys=[self.key(cluster, kind), self._dedupe_key(dedupe_task or "-"),
+                  self.holds_key(cluster)],
+            args=[version, "1" if dedupe_task else "0", DEDUPE_TTL_MS, hold_op(kind, state),
+                  kind, *encode(state)],
         ))]
 
     async def admit(self, cluster: str, kind: str,
@@ -232,7 +260,8 @@ class BreakerStore:
             record = await audit.append_guarded(
                 actor=actor, role=role, action="breaker_reset", target=f"{cluster}/{kind}",
                 reason=reason, result=f"{state.status} -> {after.status}",
-                guard=VersionedWrite(self.key(cluster, kind), version, encode(after)),
+                guard=VersionedWrite(self.key(cluster, kind), version, encode(after),
+                                     unset=(self.holds_key(cluster), kind)),
             )
             if record is not None:
                 log.warning("breaker %s/%s reset by %s (%s -> %s): %s", cluster, kind, actor,
@@ -253,10 +282,11 @@ class BreakerStore:
             found.append((cluster, name, state))
         return sorted(found, key=lambda row: (row[0], row[1]))
 
-    async def remember_task(self, task: OpsTask) -> None:
-        """Index task id -> (cluster, kind, target), for outcome events that carry neither."""
+    async def remember_task(self, task: OpsTask, name: str = "") -> None:
+        """Index task id -> (cluster, kind, target, breaker name), for outcome events that
+        carry none of it (the name fixes the scope the task was queued with)."""
         await self.redis.set(self._task_key(str(task.task_id)),
-                             f"{task.cluster_id} {task.kind} {task.target}",
+                             f"{task.cluster_id} {task.kind} {task.target} {name}",
                              ex=TASK_INDEX_TTL_S)
 
     async def task_index(self, task_id: str) -> TaskIndex | None:
@@ -265,8 +295,9 @@ class BreakerStore:
             return None
         # Identifiers hold no spaces; an entry from before targets were indexed has none.
         cluster, _, rest = text(raw).partition(" ")
-        kind, _, target = rest.partition(" ")
-        return TaskIndex(cluster, kind, target)
+        kind, _, rest = rest.partition(" ")
+        target, _, name = rest.partition(" ")
+        return TaskIndex(cluster, kind, target, name)
 
     async def alerted(self, cluster: str, kind: str, openings: int) -> bool:
         return bool(await self.redis.exists(self.alert_key(cluster, kind, openings)))

@@ -29,9 +29,15 @@ from schemas.events.v1 import (
     now_utc,
 )
 from schemas.topics import Topic
+from services.scheduler import breaker as breakers
 from services.scheduler import policy, safety
 from services.scheduler.breaker import BreakerState, Outcome, breaker_name
-from services.scheduler.breaker_store import BreakerReset, BreakerStore
+from services.scheduler.breaker_store import (
+    ADMIT_UNREADABLE,
+    BreakerReset,
+    BreakerStore,
+    BreakerUnreadable,
+)
 from services.scheduler.queue import TaskQueue
 from services.scheduler.rate_limit import RateLimiter, RateLimitUnreadable
 from services.scheduler.safety import Verdict
@@ -57,10 +63,10 @@ PoolAdmission = Literal["refused", "admitted", "counted"]
 def dedup_key(*parts: str) -> str:
     """An alert's dedup key (an Identifier) from identifiers and breaker names.
 
-    `@` (the node scope's separator) is not allowed in an Identifier, and two 128-character
-    ids would be too long: a long key keeps its start and ends in a hash of the whole.
+    `@` and `*` (of node- and cluster-scoped names) are not allowed in an Identifier, and two
+    128-character ids would be too long: a long key keeps its start and ends in a hash.
     """
-    joined = ".".join(parts).replace("@", ".")
+    joined = ".".join(parts).replace(f"@{breakers.WHOLE_CLUSTER}", "").replace("@", ".")
     if len(joined) <= IDENTIFIER_MAX:
         return joined
     digest = hashlib.sha256(joined.encode()).hexdigest()[:16]
@@ -82,8 +88,19 @@ def reset_alert(cluster: str, name: str, reset: BreakerReset, source: str) -> Al
 
 
 def breaker_alert_key(cluster: str, name: str) -> str:
-    """The dedup key of a breaker's open alert (its reset resolves the same key)."""
-    return dedup_key("breaker", cluster, name)
+    """The dedup key of a breaker's open alert (its reset resolves the same key):
+    `breaker.<cluster>.<scope>.<kind>[.<node>]`."""
+    return dedup_key("breaker", cluster, breakers.scope_of(name), name)
+
+
+def stopped_what(cluster: str, name: str) -> str:
+    """What an open breaker stops, in words."""
+    scope = breakers.scope_of(name)
+    if scope == "node":
+        return f"ops tasks and ML tasks on node {breakers.node_of(name)}"
+    if scope == "cluster":
+        return f"every ops task of cluster {cluster}"
+    return f"{name} tasks on {cluster}"
 
 
 def short_circuit_alert_key(cluster: str, pool: str) -> str:
@@ -96,6 +113,9 @@ class Tick:
 
     held: list[str] = field(default_factory=list)
     blocked_breakers: set[tuple[str, str]] = field(default_factory=set)
+    # Per cluster, its node- and cluster-scoped breakers not closed (None: unreadable).
+    holding: dict[str, set[str] | None] = field(default_factory=dict)
+    seen_holds: set[tuple[str, str]] = field(default_factory=set)
     empty_buckets: set[tuple[str, str]] = field(default_factory=set)
 
 
@@ -127,11 +147,12 @@ class Scheduler:
 
     def breaker_of(self, task: OpsTask) -> str:
         """The name of the breaker `task` counts against in its cluster."""
-        return breaker_name(task.kind, task.target, self.settings.breaker_scope)
+        return breaker_name(task.kind, task.target,
+                            self.settings.scope_of(task.kind, task.breaker_scope))
 
     async def on_task(self, task: OpsTask) -> None:
         # Indexed before queueing, so the task's outcome can always be tied to its breaker.
-        await self.breakers.remember_task(task)
+        await self.breakers.remember_task(task, self.breaker_of(task))
         new = await self.queue.enqueue(
             task, policy.queue_score(task), lock_ttl_s(task, self.settings.lock_margin_s)
         )
@@ -192,7 +213,7 @@ class Scheduler:
 
     async def _admits(self, task: OpsTask, now_ms: int, tick: Tick) -> bool:
         """Every limit a task must pass before it is dispatched (see the module docstring)."""
-        breaker = await self._breaker_admits(task, tick.blocked_breakers)
+        breaker = await self._breaker_admits(task, tick)
         if breaker == "refused":
             return False
         # A bucket found empty this tick stays empty: no budget round trip to learn it again.
@@ -213,12 +234,15 @@ class Scheduler:
                                               str(task.task_id))
         return False
 
-    async def _breaker_admits(self, task: OpsTask,
-                              blocked: set[tuple[str, str]]) -> BreakerAdmission:
-        """Ask the task's breaker (once per tick for a breaker that said no)."""
+    async def _breaker_admits(self, task: OpsTask, tick: Tick) -> BreakerAdmission:
+        """Ask the node- and cluster-scoped breakers holding the task's cluster (read once a
+        tick), then the task's own breaker (once per tick for a breaker that said no)."""
         key = (task.cluster_id, self.breaker_of(task))
-        if key in blocked:
+        if key in tick.blocked_breakers:
             return "refused"
+        if await self._held_beyond(task, key[1], tick):
+            return "refused"
+        blocked = tick.blocked_breakers
         decision, state = await self.breakers.admit(*key, str(task.task_id))
         if decision.allowed:
             return "trial" if decision.half_open_trial else "admitted"
@@ -230,6 +254,37 @@ class Scheduler:
             # raised by the next task the breaker holds back.
             await self.alert_open(*key, state)
         return "refused"
+
+    async def _held_beyond(self, task: OpsTask, own: str, tick: Tick) -> bool:
+        """True if another breaker than the task's own stops it: one of its node or of its
+        whole cluster. Unreadable holds hold everything of the cluster (fail closed)."""
+        cluster = task.cluster_id
+        if cluster not in tick.holding:
+            try:
+                tick.holding[cluster] = await self.breakers.holding(cluster)
+            except ADMIT_UNREADABLE as err:
+                log.warning("breaker holds of %s unreadable: %r", cluster, err)
+                tick.holding[cluster] = None
+        holding = tick.holding[cluster]
+        if holding is None:
+            log.warning("task %s held back: breaker holds of %s unreadable", task.task_id,
+                        cluster)
+            return True
+        by = breakers.blocking(holding, own, task.target)
+        if by is None:
+            return False
+        log.warning("task %s held back by breaker %s/%s (%s scope)", task.task_id, cluster,
+                    by, breakers.scope_of(by))
+        if (cluster, by) not in tick.seen_holds:
+            tick.seen_holds.add((cluster, by))
+            # As for a kind's own breaker: an alert lost to a crash is raised again here.
+            try:
+                state, _ = await self.breakers.load(cluster, by)
+            except BreakerUnreadable:
+                return True
+            if state.status != "CLOSED":
+                await self.alert_open(cluster, by, state)
+        return True
 
     async def _pool_admits(self, task: OpsTask, now_ms: int) -> PoolAdmission:
         """The pool's short-circuit, then (for budgeted kinds) its offline budget.
@@ -397,6 +452,8 @@ class Scheduler:
         """
         task_id = str(event.task_id)
         index = await self.breakers.task_index(task_id)
+        if index is not None and index.breaker:
+            return index.cluster, index.breaker
         if index is not None:
             cluster, kind, target = index.cluster, index.kind, index.target
         else:
@@ -405,11 +462,12 @@ class Scheduler:
                 log.warning("outcome of task %s not counted: its kind is unknown", task_id)
                 return None
             cluster, kind, target = event.cluster_id, named, ""
-        if self.settings.breaker_scope == "node" and not target:
+        scope = self.settings.scope_of(kind)
+        if scope == "node" and not target:
             log.warning("outcome of task %s not counted: its target is unknown (node-scoped "
                         "breakers)", task_id)
             return None
-        return cluster, breaker_name(kind, target, self.settings.breaker_scope)
+        return cluster, breaker_name(kind, target, scope)
 
     async def alert_open(self, cluster: str, name: str, state: BreakerState) -> None:
         """Raise the breaker-open alert once per opening (publish, then remember)."""
@@ -422,9 +480,11 @@ class Scheduler:
             event_id=uuid5(ids.BREAKER_ALERTS, f"{key}:{state.openings}"),
             source=SOURCE, occurred_at=self.clock(), cluster_id=cluster, subject=key,
             severity="critical", kind="breaker_open", dedup_key=key,
-            message=short_text(f"circuit breaker for {name} on {cluster} is open after "
-                               f"{sum(state.window)} failure(s) in the last "
-                               f"{len(state.window)}; automation of {name} is stopped"),
+            message=short_text(
+                f"circuit breaker {name} on {cluster} ({breakers.scope_of(name)} scope) is "
+                f"open after {sum(state.window)} failure(s) of the last {len(state.window)} "
+                f"within {self.settings.breaker_window_s:.0f} s; "
+                f"{stopped_what(cluster, name)} are stopped until it closes"),
         ))
         await self.breakers.mark_alerted(cluster, name, state.openings)
         log.warning("alert: breaker %s/%s open (opening %d)", cluster, name, state.openings)

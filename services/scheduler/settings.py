@@ -22,7 +22,10 @@ class SchedulerSettings(ServiceSettings):
         default=50, ge=1, le=1000, description="Queued tasks looked at per claim."
     )
     breaker_window: int = Field(default=10, ge=1, le=1_000,
-                                description="Outcomes the breaker remembers (count based).")
+                                description="Outcomes the breaker's failure rate looks at.")
+    breaker_window_s: float = Field(
+        default=3_600.0, gt=0.0, le=30 * 86_400.0,
+        description="An outcome older than this no longer counts (rate or run of failures).")
     breaker_min_calls: int = Field(default=3, ge=1, le=1_000)
     breaker_failure_rate_pct: float = Field(default=50.0, gt=0.0, le=100.0)
     breaker_consecutive_failures: int = Field(default=3, ge=1, le=1_000)
@@ -37,10 +40,13 @@ class SchedulerSettings(ServiceSettings):
                     "pool short-circuit holds back.",
     )
     breaker_scope: BreakerScope = Field(
-        default="cluster",
-        description="cluster: one breaker per (cluster, kind); node: one per (cluster, kind, "
-                    "target), so one bad node cannot stop a kind everywhere.",
+        default="kind",
+        description="What a kind's failures stop, unless `breaker_scopes` or the task's "
+                    "template says otherwise. kind: that kind in the cluster; node: the "
+                    "failing node (ops tasks and ML routing); cluster: every task of it.",
     )
+    breaker_scopes: dict[str, BreakerScope] = Field(
+        default_factory=dict, description="Per task kind, its scope: {\"offline\": \"node\"}.")
 
     rate_per_s: float = Field(
         default=0.1, gt=0.0, le=1_000.0,
@@ -77,12 +83,18 @@ class SchedulerSettings(ServiceSettings):
         description="A short-circuit episode ends after this long without a refusal.",
     )
 
+    def scope_of(self, kind: str, template_scope: BreakerScope | None = None) -> BreakerScope:
+        """The scope of kind `kind`'s breaker: the template's, else the kind's, else the
+        default."""
+        return template_scope or self.breaker_scopes.get(kind, self.breaker_scope)
+
     def breaker_config(self, kind: str) -> BreakerConfig:
         """The breaker limits for tasks of kind `kind` (`OpsTask.kind`)."""
         return BreakerConfig(
             window=self.breaker_window, min_calls=self.breaker_min_calls,
             failure_rate_pct=self.breaker_failure_rate_pct,
             consecutive_failures=self.breaker_consecutive_failures,
+            window_s=self.breaker_window_s,
             wait_s=self.breaker_wait_s, max_half_open_s=self.breaker_max_half_open_s,
             disruptive=kind in self.breaker_disruptive_kinds,
         )

@@ -43,7 +43,8 @@ Result = ShortText
 # KEYS[1] stream, KEYS[2] head hash, KEYS[3] guarded hash (ignored without a guard).
 # ARGV[1] head hash the entry was chained to ('' = none yet), ARGV[2] the entry's hash,
 # ARGV[3] the canonical entry, ARGV[4] its sequence number, ARGV[5] '1' if guarded,
-# ARGV[6] the guarded hash's version read, ARGV[7..] its new field/value pairs.
+# ARGV[6] the guarded hash's version read, ARGV[7] a member to remove from the set KEYS[4]
+# with it ('' none), ARGV[8..] its new field/value pairs.
 # Returns {1, id} appended, {0, ''} the head moved on, {-1, ''} the guarded hash moved on.
 APPEND = """
 local head = redis.call('HGET', KEYS[2], 'hash') or ''
@@ -51,7 +52,8 @@ if head ~= ARGV[1] then return {0, ''} end
 if ARGV[5] == '1' then
   local version = tonumber(redis.call('HGET', KEYS[3], 'version') or '0')
   if version ~= tonumber(ARGV[6]) then return {-1, ''} end
-  redis.call('HSET', KEYS[3], 'version', version + 1, unpack(ARGV, 7))
+  if ARGV[7] ~= '' then redis.call('SREM', KEYS[4], ARGV[7]) end
+  redis.call('HSET', KEYS[3], 'version', version + 1, unpack(ARGV, 8))
 end
 local id = redis.call('XADD', KEYS[1], '*', 'entry', ARGV[3], 'hash', ARGV[2])
 redis.call('HSET', KEYS[2], 'hash', ARGV[2], 'seq', ARGV[4], 'id', id)
@@ -91,6 +93,7 @@ class VersionedWrite:
     key: str
     version: int
     fields: Sequence[str]  # field, value, field, value, ...
+    unset: tuple[str, str] | None = None  # (set key, member) removed in the same step
 
 
 @dataclass(frozen=True)
@@ -168,9 +171,12 @@ class AuditLog:
             digest = chain_hash(entry.prev, body)
             status, stream_id = await self._append(
                 keys=[self.stream_key(), self.head_key(),
-                      guard.key if guard else self.head_key()],
+                      guard.key if guard else self.head_key(),
+                      guard.unset[0] if guard and guard.unset else self.head_key()],
                 args=[prev, digest, body, entry.seq, "1" if guard else "0",
-                      guard.version if guard else 0, *(guard.fields if guard else ())],
+                      guard.version if guard else 0,
+                      guard.unset[1] if guard and guard.unset else "",
+                      *(guard.fields if guard else ())],
             )
             if int(status) == 1:
                 return AuditRecord(id=text(stream_id), entry=entry, hash=digest)

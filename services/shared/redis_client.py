@@ -63,6 +63,11 @@ class Keys:
         """SET of the node ids enrolled in a cluster; reports from others are quarantined."""
         return f"{self.prefix}registry:{cluster}"
 
+    def breaker_holds(self, cluster: str) -> str:
+        """SET of a cluster's node- and cluster-scoped breakers that are not closed (`offline@n1`,
+        `offline@*`): the scheduler holds back what they stop, the router avoids their nodes."""
+        return f"{self.prefix}breaker-holds:{cluster}"
+
     def history(self, cluster: str, node: str) -> str:
         """LIST of "<minute>:<mean utilisation>" for a node, newest first."""
         return f"{self.prefix}history:{cluster}:{node}"

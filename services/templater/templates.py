@@ -34,6 +34,7 @@ from pydantic_core import PydanticCustomError
 
 from schemas import ids
 from schemas.events.v1 import (
+    BreakerScope,
     Guard,
     NeedKind,
     OpsNeed,
@@ -146,6 +147,9 @@ class Template(BaseModel):
     relations: Relations = Field(default_factory=Relations)
     depends_on: list[TemplateName] = Field(default_factory=list, max_length=16)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    breaker_scope: BreakerScope | None = Field(
+        default=None, description="What its tasks' breaker stops when it opens (kind, node, "
+        "cluster); None: the scheduler's setting for the kind.")
     steps: list[StepTemplate] = Field(min_length=1, max_length=64)
 
     # Filled by `load_templates`, which alone sees the other templates; None: not resolved.
@@ -448,6 +452,7 @@ def plan(template: Template, need: OpsNeed, now: datetime, source: str,
             action_type=None,
             pool=need.pool,
             target=need.target,
+            breaker_scope=template.breaker_scope,
             priority=template.priority,
             mutex_keys=lock_keys(template, need_values),
             dry_run=dry_run or need.dry_run,

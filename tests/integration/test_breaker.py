@@ -108,7 +108,7 @@ async def test_failed_drains_open_the_breaker_which_survives_a_scheduler_restart
                     lambda r: r.topic.endswith(Topic.OPS_ALERTS.value), 15, "the alert")
                 raised = Alert.model_validate_json(alert.value)
                 assert (raised.severity, raised.kind, raised.dedup_key) == (
-                    "critical", "breaker_open", "breaker.itest.offline")
+                    "critical", "breaker_open", "breaker.itest.kind.offline")
                 assert await redis.hget(breaker_key, "status") == b"OPEN"
 
                 # A restarted scheduler reads the open breaker back from Redis.

@@ -8,7 +8,13 @@ from typing import Annotated
 
 import typer
 
-from services.scheduler.breaker import SCOPE_SEPARATOR, BreakerState, breaker_named
+from schemas.events.v1 import BreakerScope
+from services.scheduler.breaker import (
+    SCOPE_SEPARATOR,
+    WHOLE_CLUSTER,
+    BreakerState,
+    breaker_named,
+)
 from services.scheduler.breaker_store import BreakerStore
 from services.scheduler.settings import SchedulerSettings
 from services.shared.redis_client import Keys, connect_redis
@@ -48,7 +54,8 @@ def breaker_list(
     cluster: Annotated[str | None, typer.Option(
         help="Only this cluster's breakers.", callback=optional_identifier)] = None,
 ) -> None:
-    """Every breaker's state, per cluster and kind (kind@node with the node scope)."""
+    """Every breaker's state, per cluster and kind (kind@node with the node scope, kind@*
+    with the cluster scope)."""
     rows = asyncio.run(list_breakers(SchedulerSettings(), cluster))
     if not rows:
         typer.echo("no breaker has recorded an outcome yet (all closed)")
@@ -65,18 +72,22 @@ def breaker_reset(
                                         callback=valid_reason)],
     node: Annotated[str | None, typer.Option(
         help="The node, for node-scoped breakers.", callback=optional_identifier)] = None,
+    scope: Annotated[BreakerScope | None, typer.Option(
+        help="kind, node or cluster (cluster: the breaker kind@* that stops the whole "
+             "cluster).")] = None,
 ) -> None:
     """Close a breaker (admin, through the API): audited under the API token's user, and
     announced with an info alert."""
     try:
-        name = breaker_named(kind, node)
+        name = breaker_named(kind, node, scope)
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--kind") from err
     base, _, target = name.partition(SCOPE_SEPARATOR)
     identifier(base)
-    if target:
+    if target and target != WHOLE_CLUSTER:
         identifier(target)
-    reset = common.from_api(lambda client: client.reset_breaker(cluster, kind, reason, node))
+    reset = common.from_api(lambda client: client.reset_breaker(cluster, kind, reason, node,
+                                                                scope))
     typer.echo(f"breaker {cluster}/{name}: {reset['before']['status']} -> "
                f"{reset['after']['status']}; audit entry {reset['audit_seq']}")
     if not reset["alert_published"]:

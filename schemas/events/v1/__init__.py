@@ -99,6 +99,7 @@ from schemas.events.v1.reports import (
 from schemas.events.v1.tasks import (
     Alert,
     AlertStatus,
+    BreakerScope,
     Guard,
     OpsTask,
     Step,
@@ -164,6 +165,7 @@ __all__ = [
     "AlertStatus",
     "ArmKey",
     "Attempt",
+    "BreakerScope",
     "Cancel",
     "CandidateVerdict",
     "CapacityPlan",

@@ -17,6 +17,9 @@ from schemas.ranges import DEFAULT_RANGES, Ranges
 TaskState = Literal[
     "created", "queued", "dispatched", "running", "paused", "succeeded", "failed", "terminated"
 ]
+# What an open circuit breaker of a task's kind stops: the kind in its cluster, the failing
+# node (ops tasks and ML routing), or the whole cluster's automation.
+BreakerScope = Literal["kind", "node", "cluster"]
 StepState = Literal["scheduled", "started", "completed", "failed", "skipped"]
 
 # Conditions re-checked on fresh state just before a step runs; a step whose guard does not
@@ -58,6 +61,10 @@ class OpsTask(Envelope):
     )
     pool: Identifier = "default"
     target: Identifier
+    breaker_scope: BreakerScope | None = Field(
+        default=None, description="The scope of the task's breaker, from its template; None: "
+        "the scheduler's setting for the kind.",
+    )
     priority: Priority
     mutex_keys: list[Identifier] = Field(
         min_length=1, max_length=16, description="Locks held while the task runs."

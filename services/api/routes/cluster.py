@@ -9,7 +9,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, status
 from pydantic import BaseModel, Field
 
 from schemas.envelope import Identifier, reason_text
-from schemas.events.v1 import now_utc
+from schemas.events.v1 import BreakerScope, now_utc
 from schemas.ranges import BandArgs
 from schemas.topics import Topic
 from services.api import forecasting
@@ -77,9 +77,11 @@ async def breakers(rt: RuntimeDep, _: Viewer,
 class BreakerResetRequest(ReasonBody):
     cluster: Identifier
     kind: Annotated[str, Field(
-        pattern=r"^[A-Za-z0-9_.-]{1,128}(@[A-Za-z0-9_.-]{1,128})?$",
-        description="The task kind (offline, migrate, ...), or kind@node as listed.")]
+        pattern=r"^[A-Za-z0-9_.-]{1,128}(@([A-Za-z0-9_.-]{1,128}|\*))?$",
+        description="The task kind (offline, migrate, ...), or kind@node / kind@* as listed.")]
     node: Identifier | None = Field(default=None, description="For node-scoped breakers.")
+    scope: BreakerScope | None = Field(
+        default=None, description="kind, node or cluster; None: told by `kind` and `node`.")
 
 
 class BreakerResetOut(BaseModel):
@@ -94,7 +96,7 @@ class BreakerResetOut(BaseModel):
 async def breaker_reset(body: BreakerResetRequest, request: Request, rt: RuntimeDep,
                         who: Admin) -> BreakerResetOut:
     try:
-        name = breaker_named(body.kind, body.node)
+        name = breaker_named(body.kind, body.node, body.scope)
     except ValueError as err:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(err)) from err
     target = f"breaker/{body.cluster}/{name}"

@@ -94,6 +94,7 @@ async def test_clusters_show_pools_needs_budgets_and_breakers(api: Api) -> None:
     assert 0 < need["expires_in_s"] <= 600
     [breaker] = cluster["breakers"]
     assert (breaker["name"], breaker["status"], breaker["window"]) == ("offline", "OPEN", "FFF")
+    assert (breaker["scope"], breaker["node"]) == ("kind", None)
     assert (await api.get("/api/breakers", cluster=CLUSTER)).json() == cluster["breakers"]
 
 

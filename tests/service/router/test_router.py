@@ -320,3 +320,24 @@ async def test_a_task_its_router_dropped_is_taken_over_by_the_sweep(make_harness
     await h.answer(command)
     assert h.outcomes(event.task_id)[-1].state == "succeeded"
     assert await h.redis.zscore(h.keys.ml_due(), str(event.task_id)) is None
+
+
+async def test_no_task_goes_to_a_node_an_open_breaker_stops(harness: Harness) -> None:
+    h = harness
+    await h.fleet()
+    holds = h.keys.breaker_holds(CLUSTER)
+    # node-001 and node-002 stopped by node-scoped breakers; a cluster-scoped one stops ops
+    # automation only, not ML routing.
+    await h.redis.sadd(holds, "offline@node-001", "migrate@node-002", "scale_in@*")
+    tasks = [await h.submit() for _ in range(6)]
+    assert {c.node_id for t in tasks for c in h.commands(t.task_id)} == {"node-003"}
+    # Reset: the node serves again once the cached read (1 s) has lapsed.
+    await h.redis.srem(holds, "offline@node-001", "migrate@node-002")
+    h.clock.advance(1.5)
+    nodes: set[str] = set()
+    for _ in range(30):
+        task = await h.submit()
+        nodes |= {c.node_id for c in h.commands(task.task_id)}
+        [command] = h.commands(task.task_id)
+        await h.answer(command)
+    assert nodes - {"node-003"}, nodes

@@ -20,6 +20,7 @@ from services.scheduler.queue import TaskQueue
 from services.scheduler.rate_limit import RateLimiter
 from services.scheduler.safety_store import ADMIT_IN_FLIGHT, SafetyStore
 from services.scheduler.settings import SchedulerSettings
+from services.shared.audit import AuditLog
 from services.shared.redis_client import Keys, connect_redis
 from tests.service.scheduler.helpers import Clock, RecordingBus, final_event, pool_health, task
 
@@ -59,7 +60,7 @@ async def queue(s: Scheduler, *tasks: OpsTask) -> None:
 async def fail(s: Scheduler, *tasks: OpsTask, cause: str = "failed") -> None:
     """The final events of tasks that ran (indexed as `on_task` indexes them) and failed."""
     for t in tasks:
-        await s.breakers.remember_task(t)
+        await s.breakers.remember_task(t, s.breaker_of(t))
         await s.on_task_event(final_event(t.task_id, "failed", cause, at=s.clock()))
 
 
@@ -72,7 +73,7 @@ async def test_with_the_node_scope_a_bad_node_trips_only_its_own_breaker(
     await fail(s, task("node-1"), task("node-1"), task("node-1"))
     state, _ = await s.breakers.load("local", "offline@node-1")
     assert state.status == "OPEN"
-    assert [a.dedup_key for a in alerts(s)] == ["breaker.local.offline.node-1"]
+    assert [a.dedup_key for a in alerts(s)] == ["breaker.local.node.offline.node-1"]
 
     await queue(s, task("node-1"), task("node-2"))
     await s.dispatch()
@@ -88,6 +89,49 @@ async def test_with_the_cluster_scope_failures_on_different_nodes_add_up(
     await queue(s, task("node-9"))
     await s.dispatch()
     assert dispatched(s) == []
+
+
+async def test_an_open_node_breaker_holds_every_kind_on_its_node_until_reset(
+        redis: Redis, keys: Keys, clock: Clock) -> None:
+    s = scheduler(redis, keys, clock, breaker_scopes={"offline": "node"})
+    await fail(s, task("node-1"), task("node-1"), task("node-1"))
+    assert await s.breakers.holding("local") == {"offline@node-1"}
+    [alert] = alerts(s)
+    assert alert.dedup_key == "breaker.local.node.offline.node-1"
+    assert "(node scope)" in alert.message
+    assert "node node-1" in alert.message
+
+    await queue(s, task("node-1", kind="online"), task("node-2", kind="online"))
+    await s.dispatch()
+    assert dispatched(s) == ["node-2"]  # another kind, on the stopped node: held too
+    await s.breakers.reset("local", "offline@node-1", "ada", "fixed", AuditLog(redis, keys))
+    assert await s.breakers.holding("local") == set()
+    await s.dispatch()
+    assert dispatched(s) == ["node-2", "node-1"]
+
+
+async def test_an_open_cluster_breaker_holds_every_task_of_its_cluster_only(
+        redis: Redis, keys: Keys, clock: Clock) -> None:
+    s = scheduler(redis, keys, clock, breaker_scopes={"offline": "cluster"})
+    await fail(s, task("node-0"), task("node-1"), task("node-2"))
+    assert (await s.breakers.load("local", "offline@*"))[0].status == "OPEN"
+    [alert] = alerts(s)
+    assert alert.dedup_key == "breaker.local.cluster.offline"
+    await queue(s, task("node-7", kind="online"), task("node-8", kind="scale_out"),
+                task("node-9", kind="online", cluster="other"))
+    await s.dispatch()
+    assert dispatched(s) == ["node-9"]
+
+
+async def test_a_templates_scope_overrides_the_kinds(
+        redis: Redis, keys: Keys, clock: Clock) -> None:
+    s = scheduler(redis, keys, clock)
+    scoped = [task(f"node-{i}").model_copy(update={"breaker_scope": "cluster"})
+              for i in range(3)]
+    for t in scoped:
+        await s.on_task(t)
+    await fail(s, *scoped)
+    assert await s.breakers.holding("local") == {"offline@*"}
 
 
 async def test_breakers_key_on_the_task_kind_not_the_need_kind(

@@ -8,6 +8,7 @@ from services.scheduler import breaker
 from services.scheduler.breaker import BreakerConfig, BreakerState, Outcome
 from services.scheduler.breaker_store import decode, encode
 from services.scheduler.settings import SchedulerSettings
+from services.shared.breaker_holds import stopped_nodes
 
 DISRUPTIVE = BreakerConfig(disruptive=True)
 GENTLE = BreakerConfig(disruptive=False, wait_s=60.0)
@@ -153,16 +154,107 @@ def test_the_settings_add_the_child_kinds_the_scope_and_the_rate_limit() -> None
     assert settings.breaker_config("migrate").disruptive
     assert settings.breaker_config("remove_node").disruptive
     assert (settings.breaker_scope, settings.rate_per_s, settings.rate_burst) == (
-        "cluster", 0.1, 2)
+        "kind", 0.1, 2)
+    assert settings.breaker_config("offline").window_s == 3_600.0
     assert settings.rate_limited_kinds == ("offline", "scale_in", "remove_node")
     assert settings.budget_kinds == ("offline", "remove_node")
 
 
 @pytest.mark.parametrize(
-    ("scope", "name"), [("cluster", "offline"), ("node", "offline@node-7")])
-def test_the_scope_names_the_breaker(scope: breaker.BreakerScope, name: str) -> None:
+    ("scope", "name", "node"),
+    [("kind", "offline", None), ("node", "offline@node-7", "node-7"),
+     ("cluster", "offline@*", None)])
+def test_the_scope_names_the_breaker(scope: breaker.BreakerScope, name: str,
+                                     node: str | None) -> None:
     assert breaker.breaker_name("offline", "node-7", scope) == name
     assert breaker.kind_of(name) == "offline"
+    assert (breaker.scope_of(name), breaker.node_of(name)) == (scope, node)
+    assert breaker.holds_beyond_its_kind(name) == (scope != "kind")
+
+
+@pytest.mark.parametrize(
+    ("kind", "node", "scope", "name"),
+    [("offline", None, None, "offline"), ("offline@n1", None, None, "offline@n1"),
+     ("offline", "n1", None, "offline@n1"), ("offline@*", None, None, "offline@*"),
+     ("offline", None, "cluster", "offline@*"), ("offline@*", None, "cluster", "offline@*")])
+def test_an_operator_names_a_breaker_of_any_scope(kind: str, node: str | None,
+                                                  scope: breaker.BreakerScope | None,
+                                                  name: str) -> None:
+    assert breaker.breaker_named(kind, node, scope) == name
+
+
+@pytest.mark.parametrize(("kind", "node", "scope"),
+                         [("offline@n1", "n2", None), ("offline@n1", None, "cluster"),
+                          ("offline", None, "node"), ("offline@*", None, "kind")])
+def test_names_that_disagree_are_refused(kind: str, node: str | None,
+                                         scope: breaker.BreakerScope | None) -> None:
+    with pytest.raises(ValueError, match=r"names another node|is not a"):
+        breaker.breaker_named(kind, node, scope)
+
+
+def test_a_node_or_cluster_breaker_holds_back_other_kinds_but_not_itself() -> None:
+    holding = {"offline@node-1", "migrate@node-2"}
+    assert breaker.blocking(holding, "online", "node-1") == "offline@node-1"
+    assert breaker.blocking(holding, "online@node-1", "node-1") == "offline@node-1"
+    # Its own breaker decides by `admits` (a half-open trial must get through).
+    assert breaker.blocking(holding, "offline@node-1", "node-1") is None
+    assert breaker.blocking(holding, "online", "node-3") is None
+    assert breaker.blocking(holding | {"scale_in@*"}, "online", "node-3") == "scale_in@*"
+    assert breaker.blocking({"scale_in@*"}, "scale_in@*", "node-3") is None
+    assert stopped_nodes(holding | {"scale_in@*"}) == {"node-1", "node-2"}
+
+
+# ------------------------------------------------------------------ the time window
+
+WINDOWED = BreakerConfig(disruptive=True, window_s=60.0)
+
+
+def at_times(marks: list[tuple[str, float]], config: BreakerConfig = WINDOWED) -> BreakerState:
+    """Record ("F"/"S", time) outcomes in order."""
+    state = BreakerState()
+    for i, (mark, now) in enumerate(marks):
+        state = breaker.record(state, Outcome(task_id=f"t{i}", failed=mark == "F"), now, config)
+    return state
+
+
+def test_failures_within_the_window_trip() -> None:
+    state = at_times([("F", 0.0), ("F", 30.0), ("F", 59.0)])
+    assert (state.status, state.consecutive_failures) == ("OPEN", 3)
+
+
+def test_failures_older_than_the_window_do_not_count() -> None:
+    # The first failure is 61 s old when the third arrives: two in the window, under every limit.
+    state = at_times([("F", 0.0), ("F", 30.0), ("F", 61.0)])
+    assert state.status == "CLOSED"
+    assert (state.window, state.window_at, state.consecutive_failures) == (
+        (True, True), (30.0, 61.0), 2)
+
+
+def test_a_slow_trickle_of_failures_never_trips() -> None:
+    # One failure every 40 s for an hour: never more than two within any minute.
+    state = at_times([("F", 40.0 * i) for i in range(90)])
+    assert state.status == "CLOSED"
+    assert len(state.window) == 2
+
+
+def test_the_rate_counts_only_the_outcomes_in_the_window() -> None:
+    # Old successes would dilute the rate below 50 %; once they age out, the rate is 2 of 3.
+    old = [("S", float(i)) for i in range(7)]
+    assert at_times([*old, ("F", 50.0), ("S", 55.0), ("F", 58.0)]).status == "CLOSED"
+    assert at_times([*old, ("F", 70.0), ("S", 75.0), ("F", 78.0)]).status == "OPEN"
+
+
+def test_the_count_window_still_bounds_the_window() -> None:
+    state = at_times([("F", 0.0), *[("S", 1.0 + i) for i in range(12)]],
+                     BreakerConfig(window_s=3_600.0))
+    assert len(state.window) == len(state.window_at) == 10
+
+
+def test_outcomes_stored_without_a_time_no_longer_count() -> None:
+    # A hash written before outcomes had times: its two failures are of unknown age.
+    legacy = BreakerState(window=(True, True), consecutive_failures=2)
+    state = breaker.record(legacy, Outcome(task_id="t", failed=True), 10.0, WINDOWED)
+    assert (state.status, state.window, state.window_at) == ("CLOSED", (True,), (10.0,))
 
 
 def test_releasing_the_trial_reopens_without_a_new_opening() -> None:

@@ -150,3 +150,10 @@ def test_a_dry_run_need_or_templater_makes_a_dry_run_task() -> None:
     template = load_templates()["offline"]
     assert plan(template, need("offline", dry_run=True), NOW, "templater").dry_run
     assert plan(template, need("offline"), NOW, "templater", dry_run=True).dry_run
+
+
+def test_a_templates_breaker_scope_goes_onto_its_tasks() -> None:
+    template = load_templates()["offline"]
+    assert plan(template, need("offline"), NOW, "templater").breaker_scope is None
+    scoped = template.model_copy(update={"breaker_scope": "node"})
+    assert plan(scoped, need("offline"), NOW, "templater").breaker_scope == "node"

@@ -145,7 +145,7 @@ def test_breaker_reset_goes_through_the_api_audited_under_the_tokens_user(
     alert = Alert.model_validate_json(raw)
     # It resolves the breaker's open alert (the same dedup key).
     assert (alert.severity, alert.kind, alert.cluster_id, alert.dedup_key, alert.status) == (
-        "info", "breaker_reset", "c1", "breaker.c1.offline", "resolved")
+        "info", "breaker_reset", "c1", "breaker.c1.kind.offline", "resolved")
     assert USERS["admin"] in alert.message
     assert "node-7 repaired" in alert.message
     assert "breaker_reset" in describe(Topic.OPS_ALERTS, raw)
@@ -161,6 +161,20 @@ def test_breaker_reset_of_a_node_scoped_breaker(warden: Cli) -> None:
     assert after.state.status == "CLOSED"
     assert after.redis_audit[0].entry.target == "c1/offline@node-3"
     assert after.api_audit[0].target == "breaker/c1/offline@node-3"
+
+
+def test_breaker_reset_of_a_cluster_scoped_breaker_lifts_its_hold(warden: Cli) -> None:
+    open_breaker(warden, "c1", "scale_in@*")
+    holding = warden.runtime.reader.breakers.holding
+    assert warden.server.call(holding, "c1") == {"scale_in@*"}
+    result = warden.run("breaker", "reset", "--cluster", "c1", "--kind", "scale_in", "--scope",
+                        "cluster", "--reason", "the provider's API is back", role="admin")
+    assert result.exit_code == 0, result.output
+    after = recorded(warden, "c1", "scale_in@*")
+    assert after.state.status == "CLOSED"
+    assert after.api_audit[0].target == "breaker/c1/scale_in@*"
+    # The reset and the hold's end are one write with the audit entry.
+    assert warden.server.call(holding, "c1") == set()
 
 
 @pytest.mark.parametrize("args", [

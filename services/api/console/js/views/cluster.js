@@ -98,9 +98,10 @@ function countStates(nodes) {
 function breakersTable(breakers) {
   if (!breakers.length) return h("p", { class: "muted" }, "No breakers have tripped or been used yet.");
   return h("table", {},
-    h("thead", {}, h("tr", {}, ["Breaker", "Status", "Recent (S/F)", "Failures", "Opened"].map((c) => h("th", {}, c)))),
+    h("thead", {}, h("tr", {}, ["Breaker", "Scope", "Status", "Recent (S/F)", "Failures", "Opened"].map((c) => h("th", {}, c)))),
     h("tbody", {}, breakers.map((b) => h("tr", {},
       h("td", { class: "mono" }, b.name),
+      h("td", {}, b.scope === "node" ? `node ${b.node}` : b.scope === "cluster" ? "whole cluster" : "kind"),
       h("td", {}, b.readable ? badge(b.status) : badge("failed", "unreadable")),
       h("td", { class: "mono" }, b.window || "—"),
       h("td", {}, `${b.consecutive_failures} in a row, opened ${b.openings}×`),
