@@ -60,6 +60,9 @@ class Analyzer:
             (p.cluster_id, p.pool): p.effective_utilization_pct
             for p in await self.pools.observe_pools(self.clock())
         } if any(m.level == "node" and m.stateful for m in self.needs) else {}
+        spreads = await self.pools.spreads(sorted({
+            (s.cluster_id, s.pool) for s in batch.samples
+        })) if any(m.name == "load_balance" for m in self.needs) else {}
         await self.evaluate_nodes([
             NodeObservation(
                 cluster_id=sample.cluster_id, node_id=sample.node_id, pool=sample.pool,
@@ -68,7 +71,9 @@ class Analyzer:
                 consecutive_faulty=run, gpu_utilization_pct=sample.gpu_utilization_pct,
                 observed_at=sample.reported_at, source_event_id=sample.report_event_id,
                 pool_effective_utilization_pct=pool_load.get((sample.cluster_id, sample.pool)),
-                recent_fatal=fatal,
+                recent_fatal=fatal, movable_jobs=sample.movable_jobs,
+                pinned_jobs=sample.pinned_jobs,
+                spread=spreads.get((sample.cluster_id, sample.pool)),
             )
             for sample, run, fatal in zip(batch.samples, runs, recent, strict=True)
         ], from_samples=True)

@@ -10,6 +10,37 @@ from pydantic import BaseModel, ConfigDict, Field
 from schemas.events.v1 import Fault, GpuMetrics, NodeStateName
 
 
+class NodeLoad(BaseModel):
+    """One up node of a pool and its GPU utilisation, as the collector's pool index has it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    node_id: str
+    load_pct: float
+
+
+class PoolSpread(BaseModel):
+    """A pool's two ends: where work could go, and where work that could move is.
+
+    Two of each, so that a node can always find another one than itself.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    lowest: tuple[NodeLoad, ...] = Field(
+        default=(), description="The least loaded up nodes, least first.")
+    busiest_movable: tuple[NodeLoad, ...] = Field(
+        default=(), description="The most loaded up nodes with a movable job, most first.")
+
+    def least_loaded_other(self, node_id: str) -> NodeLoad | None:
+        """The least loaded up node other than `node_id` (None: there is none)."""
+        return next((n for n in self.lowest if n.node_id != node_id), None)
+
+    def busiest_movable_other(self, node_id: str) -> NodeLoad | None:
+        """The busiest up node other than `node_id` that runs a movable job."""
+        return next((n for n in self.busiest_movable if n.node_id != node_id), None)
+
+
 class NodeObservation(BaseModel):
     """A node's state, utilisation and fault data, with the event it came from (evidence)."""
 
@@ -36,6 +67,11 @@ class NodeObservation(BaseModel):
     pool_effective_utilization_pct: float | None = Field(
         default=None, description="The pool's effective utilisation at the time, if known."
     )
+    movable_jobs: int = Field(default=0, description="Jobs on the node that could move.")
+    pinned_jobs: int = Field(
+        default=0, description="Running jobs that cannot move (gang, whole-node, do-not-disrupt).")
+    spread: PoolSpread | None = Field(
+        default=None, description="The pool's least loaded nodes and busiest movable ones.")
 
 
 class PoolObservation(BaseModel):

@@ -9,7 +9,7 @@ from redis.asyncio import Redis
 
 from schemas.events.v1 import Sample
 from services.analyzer.conditions import ConditionState
-from services.analyzer.observation import PoolObservation
+from services.analyzer.observation import NodeLoad, PoolObservation, PoolSpread
 from services.shared.redis_client import Keys, text
 
 # Updates the consecutive-fault run of every node in a batch in one atomic call, and returns
@@ -176,6 +176,23 @@ class PoolStore:
                 observed_at=now,
             ))
         return observations
+
+    async def spreads(self, pools: list[tuple[str, str]]) -> dict[tuple[str, str], PoolSpread]:
+        """Each pool's two least loaded up nodes and two busiest with a movable job, from
+        the collector's pool indexes: one round trip for every pool of a batch."""
+        if not pools:
+            return {}
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for cluster, pool in pools:
+                pipe.zrange(self.keys.pool_nodes(cluster, pool), 0, 1, withscores=True)
+                pipe.zrevrange(self.keys.pool_movable(cluster, pool), 0, 1, withscores=True)
+            rows = await pipe.execute()
+
+        def loads(row: list[tuple[bytes, float]]) -> tuple[NodeLoad, ...]:
+            return tuple(NodeLoad(node_id=text(n), load_pct=float(v)) for n, v in row)
+
+        return {key: PoolSpread(lowest=loads(low), busiest_movable=loads(busy))
+                for key, low, busy in zip(pools, rows[::2], rows[1::2], strict=True)}
 
     async def load_conditions(self, keys: list[str]) -> list[ConditionState | None]:
         if not keys:

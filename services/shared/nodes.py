@@ -35,6 +35,7 @@ if f[1] == 'up' then
   redis.call('HINCRBYFLOAT', agg, 'util_sum', -tonumber(f[3]))
   redis.call('HINCRBY', agg, 'util_n', -1)
   redis.call('ZREM', ARGV[1] .. 'pool-nodes:' .. ARGV[2] .. ':' .. f[2], ARGV[3])
+  redis.call('ZREM', ARGV[1] .. 'pool-movable:' .. ARGV[2] .. ':' .. f[2], ARGV[3])
 end
 redis.call('DEL', KEYS[1])
 return f[1]

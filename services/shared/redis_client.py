@@ -134,6 +134,11 @@ class Keys:
         """ZSET node -> GPU utilisation of the pool's up nodes (kept by the collector)."""
         return f"{self.prefix}pool-nodes:{cluster}:{pool}"
 
+    def pool_movable(self, cluster: str, pool: str) -> str:
+        """ZSET node -> GPU utilisation of the pool's up nodes running work that could move
+        (kept by the collector, beside `pool_nodes`)."""
+        return f"{self.prefix}pool-movable:{cluster}:{pool}"
+
     def capacity_nodes(self, cluster: str, pool: str) -> str:
         """HASH node -> JSON of a node the capacity provider added to a pool."""
         return f"{self.prefix}capacity:{cluster}:{pool}"

@@ -51,6 +51,12 @@ class Sample(Envelope):
     fault_count: Count
     faults: list[Fault] = Field(default_factory=list, max_length=256)
     gpu_source: GpuSource
+    movable_jobs: Count = Field(
+        default=0, description="Jobs that moving to another node could help with "
+        "(`JobInfo.movable`).")
+    pinned_jobs: Count = Field(
+        default=0, description="Running jobs that cannot move: gang, whole-node or "
+        "do-not-disrupt.")
 
 
 class SampleBatch(Envelope):
