@@ -134,7 +134,7 @@ class Analyzer:
         if not await self.pools.try_lock_tick("pools", self.settings.pool_period_s * 0.9):
             return  # another analyzer instance analyses this period
         now = self.clock()
-        observations = await self.pools.observe_pools(now)
+        observations = await self.pools.with_demand(await self.pools.observe_pools(now), now)
         for pool in observations:
             await self.pools.record_utilization(pool)
         await self.bus.publish_many(Topic.OPS_POOL_HEALTH,

@@ -86,6 +86,10 @@ class PoolObservation(BaseModel):
     demand_pct: float = Field(
         default=0.0, description="Queued GPU demand as a share of the pool's capacity, %."
     )
+    gpus_up: int = Field(default=0, description="GPUs of the pool's up nodes.")
+    queued_items: int = Field(
+        default=0, description="Work queued for the pool (tasks, jobs), every source together.")
+    queued_detail: str = Field(default="", description="What is queued, by source.")
     observed_at: datetime
 
     @property

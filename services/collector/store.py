@@ -20,7 +20,8 @@ from services.shared.redis_client import Keys, members, text
 #  * a report not newer than the last applied one (per-node sequence) answers 'old';
 #  * otherwise the node hash is updated (with the node's mode, GPU count and a compact list of
 #    its jobs, which the centre plans migrations and capacity from), its next heartbeat check
-#    scheduled, the pool's aggregate (nodes per state, utilisation sum of the up nodes) moved
+#    scheduled, the pool's aggregate (nodes per state, utilisation sum and GPUs of the up
+#    nodes) moved
 #    from the old state to the new, the pool's member index (pool-nodes: up node -> its
 #    utilisation) kept so that a node is a member exactly while its state is up (and the
 #    index of its up nodes with work that could move, pool-movable, likewise), and the
@@ -54,7 +55,7 @@ for i = 0, n - 1 do
     out[#out + 1] = 0
   else
     local old = redis.call('HMGET', node, 'state', 'gpu_util', 'pool', 'minute', 'minute_sum',
-      'minute_n')
+      'minute_n', 'gpus')
     local prev, state, util = old[1] or '', ARGV[a + 3], tonumber(ARGV[a + 6])
     if prev ~= '' then
       local agg = P .. 'pool:' .. cluster .. ':' .. old[3]
@@ -62,6 +63,7 @@ for i = 0, n - 1 do
       if prev == 'up' then
         redis.call('HINCRBYFLOAT', agg, 'util_sum', -tonumber(old[2]))
         redis.call('HINCRBY', agg, 'util_n', -1)
+        redis.call('HINCRBY', agg, 'gpu_n', -tonumber(old[7] or '0'))
       end
     end
     local agg = P .. 'pool:' .. cluster .. ':' .. pool
@@ -75,6 +77,7 @@ for i = 0, n - 1 do
     if state == 'up' then
       redis.call('HINCRBYFLOAT', agg, 'util_sum', util)
       redis.call('HINCRBY', agg, 'util_n', 1)
+      redis.call('HINCRBY', agg, 'gpu_n', tonumber(ARGV[a + 13]))
       redis.call('ZADD', members .. pool, util, node_id)
       if tonumber(ARGV[a + 16]) > 0 then
         redis.call('ZADD', movable .. pool, util, node_id)
@@ -136,6 +139,7 @@ if state == 'up' then
   local util = tonumber(redis.call('HGET', KEYS[1], 'gpu_util'))
   redis.call('HINCRBYFLOAT', KEYS[3], 'util_sum', -util)
   redis.call('HINCRBY', KEYS[3], 'util_n', -1)
+  redis.call('HINCRBY', KEYS[3], 'gpu_n', -tonumber(redis.call('HGET', KEYS[1], 'gpus') or '0'))
   redis.call('ZREM', KEYS[4], ARGV[4])
   redis.call('ZREM', KEYS[5], ARGV[4])
 end

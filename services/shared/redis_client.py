@@ -68,8 +68,13 @@ class Keys:
         return f"{self.prefix}history:{cluster}:{node}"
 
     def demand(self, cluster: str, pool: str) -> str:
-        """Queued GPU demand of a pool, as a share of its capacity (%), kept by the router."""
+        """Queued GPU demand of a pool, as a share of its up GPUs (%), written by the
+        analyzer every pool period from the sources (services/shared/demand.py)."""
         return f"{self.prefix}demand:{cluster}:{pool}"
+
+    def demand_sources(self, cluster: str, pool: str) -> str:
+        """HASH source -> JSON of its queued work in a pool (services/shared/demand.py)."""
+        return f"{self.prefix}demand-src:{cluster}:{pool}"
 
     def condition(self, need: str, cluster: str, target: str) -> str:
         """A need's condition state for one target (JSON)."""
@@ -199,6 +204,10 @@ class Keys:
     def ml_active(self, cluster: str, task_type: str) -> str:
         """ZSET task id -> its deadline: the task type's unfinished tasks (retry budget)."""
         return f"{self.prefix}ml:active:{cluster}:{task_type}"
+
+    def ml_waiting(self, cluster: str) -> str:
+        """HASH task id -> "<pool>|<deadline>": tasks no model could take yet (demand)."""
+        return f"{self.prefix}ml:waiting:{cluster}"
 
     def ml_retrying(self, cluster: str, task_type: str) -> str:
         """ZSET '<task>:<attempt>' -> attempt deadline: retries in flight (retry budget)."""
