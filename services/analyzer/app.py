@@ -25,7 +25,7 @@ def create_app(settings: AnalyzerSettings | None = None) -> FastStream:
         settings,
         enabled(settings.enabled_needs),
         AnalyzerStore(redis, keys),
-        PoolStore(redis, keys),
+        PoolStore(redis, keys, settings.storage_weight),
         EventBus(broker, settings.namespace),
         keys,
     )

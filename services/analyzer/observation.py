@@ -67,11 +67,24 @@ class NodeObservation(BaseModel):
     pool_effective_utilization_pct: float | None = Field(
         default=None, description="The pool's effective utilisation at the time, if known."
     )
+    disk_used_pct: float = Field(default=0.0, description="The node's storage in use, %.")
+    storage_weight: float = Field(
+        default=0.0, description="The share of storage in the node's load (the rest is GPU).")
     movable_jobs: int = Field(default=0, description="Jobs on the node that could move.")
     pinned_jobs: int = Field(
         default=0, description="Running jobs that cannot move (gang, whole-node, do-not-disrupt).")
     spread: PoolSpread | None = Field(
         default=None, description="The pool's least loaded nodes and busiest movable ones.")
+
+    @property
+    def load_pct(self) -> float:
+        """The node's load: GPU use, and storage use for its weight."""
+        return weighed(self.gpu_utilization_pct, self.disk_used_pct, self.storage_weight)
+
+
+def weighed(gpu_pct: float, storage_pct: float, storage_weight: float) -> float:
+    """A load of GPU and storage use, storage counting for `storage_weight` of it."""
+    return (1.0 - storage_weight) * gpu_pct + storage_weight * storage_pct
 
 
 class PoolObservation(BaseModel):
@@ -87,6 +100,9 @@ class PoolObservation(BaseModel):
         default=0.0, description="Queued GPU demand as a share of the pool's capacity, %."
     )
     gpus_up: int = Field(default=0, description="GPUs of the pool's up nodes.")
+    storage_pct: float = Field(default=0.0, description="Mean storage use of the up nodes.")
+    storage_weight: float = Field(
+        default=0.0, description="The share of storage in the pool's load (the rest is GPU).")
     queued_items: int = Field(
         default=0, description="Work queued for the pool (tasks, jobs), every source together.")
     queued_detail: str = Field(default="", description="What is queued, by source.")
@@ -101,9 +117,14 @@ class PoolObservation(BaseModel):
         return self.nodes_by_state.get("up", 0)
 
     @property
+    def load_pct(self) -> float:
+        """The pool's load: GPU use, and storage use for its weight."""
+        return weighed(self.gpu_utilization_pct, self.storage_pct, self.storage_weight)
+
+    @property
     def effective_utilization_pct(self) -> float:
-        """Usage plus queued demand: usage alone is a poor scaling signal."""
-        return self.gpu_utilization_pct + self.demand_pct
+        """Load plus queued demand: usage alone is a poor scaling signal."""
+        return self.load_pct + self.demand_pct
 
     @property
     def unhealthy_fraction(self) -> float:

@@ -35,6 +35,11 @@ class AnalyzerSettings(ServiceSettings):
         default=5.0, gt=0.0, description="How often pools (the cluster level) are analysed."
     )
     dry_run: bool = Field(default=False, description="Raise needs marked not to be acted on.")
+    storage_weight: float = Field(
+        default=0.0, ge=0.0, le=1.0,
+        description="The share of storage use in a node's and a pool's load (the rest is GPU "
+                    "use): 0 (the default) leaves storage out, 0.2 makes a full disk count "
+                    "for a fifth of the load.")
     overrides: dict[str, dict[str, dict[str, Any]]] = Field(
         default_factory=dict,
         description='Per cluster or pool: {"<cluster>" or "<cluster>/<pool>": {"<need>": '

@@ -142,9 +142,10 @@ POOL_HISTORY: tuple[tuple[int, int], ...] = ((10, 8_640), (60, 10_080), (3_600, 
 class PoolStore:
     """Pool aggregates (kept by the collector), condition states and utilisation history."""
 
-    def __init__(self, redis: Redis, keys: Keys) -> None:
+    def __init__(self, redis: Redis, keys: Keys, storage_weight: float = 0.0) -> None:
         self.redis = redis
         self.keys = keys
+        self.storage_weight = storage_weight
         self._downsample = redis.register_script(DOWNSAMPLE)
 
     async def observe_pools(self, now: datetime) -> list[PoolObservation]:
@@ -171,12 +172,14 @@ class PoolStore:
             util_n = int(fields.get("util_n", "0"))
             util = float(fields.get("util_sum", "0")) / util_n if util_n > 0 else 0.0
             gpus_up = max(0, int(fields.get("gpu_n", "0")))
+            disk = float(fields.get("disk_sum", "0")) / util_n if util_n > 0 else 0.0
             observations.append(PoolObservation(
                 cluster_id=cluster, pool=pool,
                 nodes_by_state={k: v for k, v in by_state.items() if v},  # type: ignore[misc]
                 gpu_utilization_pct=round(min(max(util, 0.0), 100.0), 3),
                 demand_pct=float(text(demand)) if demand is not None else 0.0,
-                gpus_up=gpus_up, observed_at=now,
+                gpus_up=gpus_up, storage_pct=round(min(max(disk, 0.0), 100.0), 3),
+                storage_weight=self.storage_weight, observed_at=now,
             ))
         return observations
 

@@ -9,8 +9,7 @@ from the events' own timestamps where the service decides. How soon is for bench
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,11 +29,13 @@ from tests.integration.harness import (
     services,
     stack_env,
     tap,
+    watched_fleet,
 )
 
 pytestmark = pytest.mark.timeout(600)
 
 NODES = ("node-001", "node-002", "node-003")
+NEEDS_AND_HEALTH = (Topic.OPS_NEEDS, Topic.OPS_POOL_HEALTH)
 SCALE_HOLD_S = 15.0
 DOWN_AFTER_S = 4.0
 ONLINE_HOLD_S = 3.0
@@ -81,21 +82,6 @@ def load(state: Path, percent: float, nodes: tuple[str, ...] = NODES) -> None:
         fleet.inject_fault(state, node, load_pct=percent)
 
 
-@asynccontextmanager
-async def three_nodes(env: dict[str, str], state: Path, public: Path) -> AsyncIterator[Tap]:
-    """Three enrolled agents (one GPU each), and a tap on the needs and the pool health."""
-    agents = fleet.fleet_up(3, 1, "itest", env["WARDEN_NAMESPACE"], state, env, [public], 1.0)
-    await register(env["REDIS_URL"], env["WARDEN_NAMESPACE"], "itest",
-                   [a.node_id for a in agents])
-    try:
-        async with tap(env["KAFKA_BOOTSTRAP_SERVERS"],
-                       name(Topic.OPS_NEEDS, env["WARDEN_NAMESPACE"]),
-                       name(Topic.OPS_POOL_HEALTH, env["WARDEN_NAMESPACE"])) as watch:
-            yield watch
-    finally:
-        fleet.fleet_down(state)
-
-
 async def test_scale_out_after_the_hold_not_for_a_spike_and_load_balance_for_one_hot_node(
     kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path
 ) -> None:
@@ -108,7 +94,7 @@ async def test_scale_out_after_the_hold_not_for_a_spike_and_load_balance_for_one
     async with services(env, tmp_path, ("collector", "analyzer")):
         for node in NODES:  # the load is set before the first report
             fleet.inject_fault(tmp_path, node, load_pct=40.0)
-        async with three_nodes(env, tmp_path, public) as watch:
+        async with watched_fleet(env, tmp_path, public, NEEDS_AND_HEALTH) as watch:
             await watch.wait_for(
                 lambda r: r.topic.endswith(Topic.OPS_POOL_HEALTH.value)
                 and b'"up":3' in r.value, 60, "the pool's health with 3 nodes up")
@@ -181,7 +167,7 @@ async def test_no_load_balance_need_where_no_work_can_move(
         load(tmp_path, 50.0)
         fleet.inject_fault(tmp_path, "node-001", load_pct=95.0)
         fleet.inject_fault(tmp_path, "node-002", load_pct=5.0)
-        async with three_nodes(env, tmp_path, public) as watch:
+        async with watched_fleet(env, tmp_path, public, NEEDS_AND_HEALTH) as watch:
             await watch.wait_for(
                 lambda r: is_health(r) and health(r).nodes_by_state.get("up") == 3
                 and 40.0 < health(r).gpu_utilization_pct < 60.0, 90,

@@ -247,3 +247,15 @@ def test_an_error_raised_from_an_outage_waits_and_one_raised_from_a_bug_does_not
     corrupt = SafetyUnreadable("pool health unreadable")
     corrupt.__cause__ = ValueError("corrupt hash")
     assert classify(corrupt)[:2] == ("dead_letter", "unhandled_error")
+
+
+def test_a_sample_keeps_the_host_load() -> None:
+    report = example("node_report", NodeReport)
+    host = report.host.model_copy(update={"memory_used_mib": report.host.memory_total_mib // 4,
+                                          "net_rx_bytes_per_s": 10.0,
+                                          "net_tx_bytes_per_s": 5.0})
+    sample = collector.summarize(report.model_copy(update={"host": host}), "collector", NOW)
+    assert (sample.cpu_pct, sample.disk_used_pct) == (host.cpu_pct, host.disk_used_pct)
+    assert sample.memory_pct == pytest.approx(25.0, abs=0.01)
+    assert sample.net_bytes_per_s == 15.0
+    assert Sample.model_validate_json(sample.model_dump_json()) == sample

@@ -10,7 +10,9 @@ from schemas.envelope import Envelope, Identifier, ShortText, Strict
 from schemas.events.v1.values import Count, MiB, ModelVersion, NodeMode, Percent, Seq
 
 GpuSource = Literal["nvml", "simulated"]
-FaultKind = Literal["xid", "ecc", "hung_job", "probe_failed", "heartbeat_missed", "agent"]
+# disk_full and memory_pressure are the analyzer's reading of host metrics out of range.
+FaultKind = Literal["xid", "ecc", "hung_job", "probe_failed", "heartbeat_missed", "agent",
+                    "disk_full", "memory_pressure"]
 ModelState = Literal["loading", "ready", "failed"]
 # The job states in which a job can be moved to another node (checkpointing, stopped, failed
 # and hung jobs are not doing work that another node could take over as it is).

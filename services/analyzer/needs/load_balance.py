@@ -88,7 +88,7 @@ def evaluate(
     # Only a node in service can give or take work; any other state ends the episode.
     if obs.state != "up" or not pool_in_range(obs, args):
         return Evaluation(None, [])
-    value = obs.gpu_utilization_pct
+    value = obs.load_pct
     side = band_side(prior.detail if prior else None, value, args)
     # Where moving work cannot help, the condition is not in force (its hold starts again
     # once it can); nothing is raised for it.
@@ -105,7 +105,8 @@ def evaluate(
         cause=obs.source_event_id,
         evidence=[
             Evidence(
-                metric="node_gpu_utilization_pct", value=value,
+                metric="node_load_pct" if obs.storage_weight else "node_gpu_utilization_pct",
+                value=value,
                 range_low=args.low_enter, range_high=args.high_enter,
                 observed_at=obs.observed_at, source_event_id=obs.source_event_id,
                 detail=short_text(f"{band_detail(side, value, args)}; "
