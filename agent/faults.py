@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from schemas.envelope import short_text
-from schemas.events.v1 import ActionName, Fault, GpuMetrics, JobInfo
+from schemas.events.v1 import ActionName, Fault, GpuMetrics, HostMetrics, JobInfo
 
 log = logging.getLogger("clusterwarden.agent.faults")
 
@@ -63,6 +63,10 @@ class FaultPlan(BaseModel):
     ignore_commands: bool = Field(
         default=False, description="Reports go on, but commands get no answer at all."
     )
+    disk_used_pct: Annotated[float, Field(ge=0.0, le=100.0)] | None = Field(
+        default=None, description="Report the disk this full instead of what psutil reads.")
+    memory_used_pct: Annotated[float, Field(ge=0.0, le=100.0)] | None = Field(
+        default=None, description="Report host memory this full instead of what psutil reads.")
     model_faults: list[ModelFault] = Field(
         default_factory=list, max_length=16,
         description="Served models that fail or slow down (the first that applies counts).")
@@ -161,6 +165,16 @@ def gpu_faults(gpus: list[GpuMetrics]) -> list[Fault]:
                 )
             )
     return faults
+
+
+def inject_into_host(plan: FaultPlan, host: HostMetrics) -> HostMetrics:
+    """The host as it would look with the plan's full disk or memory pressure."""
+    changes: dict[str, object] = {}
+    if plan.disk_used_pct is not None:
+        changes["disk_used_pct"] = plan.disk_used_pct
+    if plan.memory_used_pct is not None and host.memory_total_mib:
+        changes["memory_used_mib"] = int(host.memory_total_mib * plan.memory_used_pct / 100.0)
+    return HostMetrics.model_validate(host.model_dump() | changes) if changes else host
 
 
 def inject_into_gpus(plan: FaultPlan, gpus: list[GpuMetrics]) -> list[GpuMetrics]:

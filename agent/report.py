@@ -8,7 +8,14 @@ from datetime import datetime
 from uuid import uuid4
 
 from agent.device import GpuProbe
-from agent.faults import FaultPlan, faults_for_report, gpu_faults, inject_into_gpus, job_faults
+from agent.faults import (
+    FaultPlan,
+    faults_for_report,
+    gpu_faults,
+    inject_into_gpus,
+    inject_into_host,
+    job_faults,
+)
 from agent.host import HostSampler
 from agent.jobs.runner import JobSource
 from agent.journal import Journal
@@ -94,6 +101,7 @@ class Reporter:
             host = HostMetrics(cpu_pct=0.0, memory_used_mib=0, memory_total_mib=0,
                                disk_used_pct=0.0)
             faults.append(Fault(kind="agent", detail=short_text(f"host metrics failed: {err!r}")))
+        host = inject_into_host(plan, host)
         faults.extend(gpu_faults(gpus))
         faults.extend(faults_for_report(plan))
         faults.extend(job_faults(jobs, plan))

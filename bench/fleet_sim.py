@@ -10,9 +10,10 @@ There are no agent processes: a node is a few fields in a dict, so thousands of 
 a 2-core machine next to the broker, Redis and the services. Per-node controls:
 `set_load`, `add_fault` / `clear_faults`, `silence` / `revive`.
 
-What it does not simulate: jobs, peer probes, and every command other than `probe_node`
-(answered `failed`, so the centre does not wait for them). Use real agents (agent/fleet.py)
-for those.
+Jobs are only listed (`set_jobs`: what a node reports running, e.g. a whole-node gang job);
+they neither run nor move. It does not simulate peer probes, nor any command other than
+`probe_node` (answered `failed`, so the centre does not wait for them). Use real agents
+(agent/fleet.py) for those.
 
 `python -m bench.fleet_sim --nodes 2000` runs the fleet alone against the broker (no
 services) and prints what it costs; bench/trace_replay/ drives it from real traces.
@@ -50,6 +51,7 @@ from schemas.events.v1 import (
     Fault,
     GpuMetrics,
     HostMetrics,
+    JobInfo,
     NodeMode,
     NodeReport,
     ProbeNode,
@@ -88,6 +90,7 @@ class SimNode:
     silent: bool = False
     seq: int = 0
     mode: NodeMode = "active"
+    jobs: list[JobInfo] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,7 @@ def build_report(node: SimNode, cluster: str, pool: str, interval_s: float, gpus
                          memory_used_mib=int(HOST_MEMORY_MIB * (0.1 + 0.5 * load / 100.0)),
                          memory_total_mib=HOST_MEMORY_MIB, disk_used_pct=40.0),
         faults=[a.fault for a in node.faults][:256],
+        jobs=node.jobs[:1024],
     )
 
 
@@ -227,6 +231,10 @@ class FleetSim:
     def set_load(self, node: str, pct: float) -> None:
         """The node's GPU utilisation (all its GPUs), %, from its next report on."""
         self.nodes[node].load_pct = min(max(pct, 0.0), 100.0)
+
+    def set_jobs(self, node: str, jobs: Sequence[JobInfo]) -> None:
+        """The jobs the node reports running, from its next report on."""
+        self.nodes[node].jobs = list(jobs)
 
     def add_fault(self, node: str, fault: Fault, reports: int | None = None,
                   tag: str | None = None) -> None:

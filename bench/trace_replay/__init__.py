@@ -8,7 +8,8 @@ speaks the real protocol (registered nodes, strict reports, signed probes answer
   4.0, as published per minute by the Helios authors in S-Lab-System-Group/HeliosArtifact,
   MIT). A fleet of --nodes nodes (scaled down from the trace's `total`) is kept busy in the
   trace's `active/total` proportion minute by minute: busy nodes report --busy-pct GPU
-  utilisation, idle ones --idle-pct (each node with a fixed offset of up to +/- --jitter-pct).
+  utilisation, idle ones --idle-pct (each node with a fixed offset of up to +/- --jitter-pct);
+  busy nodes report one whole-node gang job, as Philly's are (--jobs to change it).
   Counts the scale_out / scale_in / load_balance needs and the trace minute each was raised
   in, beside the pool utilisation the analyzer published.
 * titan: GPU failure events of ORNL's Titan (derived from olcf/TitanGPULife, data of

@@ -52,6 +52,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     philly.add_argument("--nodes", type=int, default=100, help="Simulated fleet size.")
     philly.add_argument("--busy-pct", type=float, default=90.0)
     philly.add_argument("--idle-pct", type=float, default=5.0)
+    philly.add_argument("--jobs", choices=["whole-node", "movable", "none"],
+                        default="whole-node",
+                        help="What busy nodes report running: one whole-node gang job as "
+                             "Philly's are (default), one job that could move, or none.")
     philly.add_argument("--report-interval", type=float, default=None,
                         help="Real seconds (default: half a trace minute).")
     philly.add_argument("--pool-period", type=float, default=None,

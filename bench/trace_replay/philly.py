@@ -30,6 +30,18 @@ from bench.trace_replay.traces import (
     trace_time,
 )
 from common.signing import verifier_from_files
+from schemas.events.v1 import JobInfo
+
+
+def busy_jobs(node: str, kind: str) -> list[JobInfo]:
+    """What a busy node reports running: Philly's jobs are gang-scheduled and take whole
+    nodes (`whole-node`), or, to compare, one job that could move (`movable`); `none`
+    reports no job at all."""
+    if kind == "none":
+        return []
+    pinned = kind == "whole-node"
+    return [JobInfo(job_id=f"{node}-job", kind="training", state="running",
+                    gpu_indices=[0], gang=pinned, whole_node=pinned)]
 
 
 @dataclass
@@ -41,6 +53,7 @@ class LoadPlan:
     assigner: BusyAssigner
     busy_load: dict[str, float]
     idle_load: dict[str, float]
+    jobs: str = "whole-node"
     expected: list[float] = field(default_factory=list)
     busy_counts: list[int] = field(default_factory=list)
 
@@ -50,15 +63,17 @@ class LoadPlan:
         offsets = node_offsets(nodes, args.jitter_pct, args.seed)
         return cls(nodes, BusyAssigner(nodes, args.seed),
                    {n: clamp_pct(args.busy_pct + offsets[n]) for n in nodes},
-                   {n: clamp_pct(args.idle_pct + offsets[n]) for n in nodes})
+                   {n: clamp_pct(args.idle_pct + offsets[n]) for n in nodes}, args.jobs)
 
     def apply(self, sim: FleetSim, minute: PhillyMinute) -> None:
         """Set the fleet to one trace minute's busy share, moving as few nodes as must."""
         became_busy, became_idle = self.assigner.assign(busy_target(minute, len(self.nodes)))
         for node in became_busy:
             sim.set_load(node, self.busy_load[node])
+            sim.set_jobs(node, busy_jobs(node, self.jobs))
         for node in became_idle:
             sim.set_load(node, self.idle_load[node])
+            sim.set_jobs(node, [])
         self.busy_counts.append(len(self.assigner.busy))
         self.expected.append(statistics.fmean(sim.loads()))
 
@@ -95,6 +110,7 @@ async def replay_philly(args: argparse.Namespace, bootstrap: str,
         "seconds_per_minute": spm,
         "report_interval_s": interval,
         "busy_pct": args.busy_pct, "idle_pct": args.idle_pct, "jitter_pct": args.jitter_pct,
+        "jobs": args.jobs,
         "settings": settings,
         **needs.figures(seen),
         "busy_fraction": describe(r.busy_fraction for r in rows),

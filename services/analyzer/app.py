@@ -24,7 +24,7 @@ def create_app(settings: AnalyzerSettings | None = None) -> FastStream:
     broker, _ = make_broker(settings, "analyzer", telemetry)
     redis = connect_redis(settings.redis_url)
     keys = Keys(settings.namespace)
-    pools = PoolStore(redis, keys)
+    pools = PoolStore(redis, keys, settings.storage_weight)
     bus = EventBus(broker, settings.namespace)
     analyzer = Analyzer(
         settings,

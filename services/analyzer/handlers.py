@@ -25,6 +25,7 @@ from schemas.events.v1 import (
 )
 from schemas.topics import Topic
 from services.analyzer.faults import classify
+from services.analyzer.host import host_faults
 from services.analyzer.needs import NeedModule
 from services.analyzer.observation import NodeObservation, PoolObservation
 from services.analyzer.settings import AnalyzerSettings
@@ -52,25 +53,35 @@ class Analyzer:
         """A batch of samples: fault runs in one Redis call, then every node need."""
         # Only faults that call for action make a run: an application XID alone does not.
         fault_args = self.settings.offline.faults
-        faulty = [bool(classify(s.faults, (), fault_args).counted) or
-                  s.fault_count > len(s.faults) for s in batch.samples]
+        faults = [[*s.faults, *host_faults(s.disk_used_pct, s.memory_pct,
+                                           self.settings.offline.host)] for s in batch.samples]
+        faulty = [bool(classify(f, (), fault_args).counted) or s.fault_count > len(s.faults)
+                  for s, f in zip(batch.samples, faults, strict=True)]
         runs = await self.store.fault_runs(batch.samples, faulty)
         recent = await self.recent_fatal(batch, runs)
         pool_load = {
             (p.cluster_id, p.pool): p.effective_utilization_pct
             for p in await self.pools.observe_pools(self.clock())
         } if any(m.level == "node" and m.stateful for m in self.needs) else {}
+        spreads = await self.pools.spreads(sorted({
+            (s.cluster_id, s.pool) for s in batch.samples
+        })) if any(m.name == "load_balance" for m in self.needs) else {}
         await self.evaluate_nodes([
             NodeObservation(
                 cluster_id=sample.cluster_id, node_id=sample.node_id, pool=sample.pool,
                 state=state_from_mode(sample.mode),
-                fault_count=sample.fault_count, faults=tuple(sample.faults),
+                fault_count=sample.fault_count + len(found) - len(sample.faults),
+                faults=tuple(found), disk_used_pct=sample.disk_used_pct,
+                storage_weight=self.settings.storage_weight,
                 consecutive_faulty=run, gpu_utilization_pct=sample.gpu_utilization_pct,
                 observed_at=sample.reported_at, source_event_id=sample.report_event_id,
                 pool_effective_utilization_pct=pool_load.get((sample.cluster_id, sample.pool)),
-                recent_fatal=fatal,
+                recent_fatal=fatal, movable_jobs=sample.movable_jobs,
+                pinned_jobs=sample.pinned_jobs,
+                spread=spreads.get((sample.cluster_id, sample.pool)),
             )
-            for sample, run, fatal in zip(batch.samples, runs, recent, strict=True)
+            for sample, run, fatal, found in zip(batch.samples, runs, recent, faults,
+                                                 strict=True)
         ], from_samples=True)
 
     async def recent_fatal(self, batch: SampleBatch, runs: list[int]) -> list[dict[int, int]]:
@@ -129,7 +140,7 @@ class Analyzer:
         if not await self.pools.try_lock_tick("pools", self.settings.pool_period_s * 0.9):
             return  # another analyzer instance analyses this period
         now = self.clock()
-        observations = await self.pools.observe_pools(now)
+        observations = await self.pools.with_demand(await self.pools.observe_pools(now), now)
         for pool in observations:
             await self.pools.record_utilization(pool)
         await self.bus.publish_many(Topic.OPS_POOL_HEALTH,

@@ -38,6 +38,11 @@ class AnalyzerSettings(ServiceSettings):
     dry_run: bool = Field(default=False, description="Raise needs marked not to be acted on.")
     planning: PlanningArgs = Field(default_factory=PlanningArgs,
                                    description="The capacity-planning loop (planning.py).")
+    storage_weight: float = Field(
+        default=0.0, ge=0.0, le=1.0,
+        description="The share of storage use in a node's and a pool's load (the rest is GPU "
+                    "use): 0 (the default) leaves storage out, 0.2 makes a full disk count "
+                    "for a fifth of the load.")
     overrides: dict[str, dict[str, dict[str, Any]]] = Field(
         default_factory=dict,
         description='Per cluster or pool: {"<cluster>" or "<cluster>/<pool>": {"<need>": '

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -9,8 +10,9 @@ from redis.asyncio import Redis
 
 from schemas.events.v1 import Sample
 from services.analyzer.conditions import ConditionState
-from services.analyzer.observation import PoolObservation
-from services.shared.redis_client import Keys, text
+from services.analyzer.observation import NodeLoad, PoolObservation, PoolSpread
+from services.shared.demand import OPS_TASKS, parse_entries, total
+from services.shared.redis_client import Keys, members, text
 
 # Updates the consecutive-fault run of every node in a batch in one atomic call, and returns
 # the runs. A sample already counted (redelivery) returns the run without counting it again.
@@ -141,9 +143,10 @@ POOL_HISTORY: tuple[tuple[int, int], ...] = (
 class PoolStore:
     """Pool aggregates (kept by the collector), condition states and utilisation history."""
 
-    def __init__(self, redis: Redis, keys: Keys) -> None:
+    def __init__(self, redis: Redis, keys: Keys, storage_weight: float = 0.0) -> None:
         self.redis = redis
         self.keys = keys
+        self.storage_weight = storage_weight
         self._downsample = redis.register_script(DOWNSAMPLE)
 
     async def observe_pools(self, now: datetime) -> list[PoolObservation]:
@@ -165,12 +168,15 @@ class PoolStore:
             }
             util_n = int(fields.get("util_n", "0"))
             util = float(fields.get("util_sum", "0")) / util_n if util_n > 0 else 0.0
+            gpus_up = max(0, int(fields.get("gpu_n", "0")))
+            disk = float(fields.get("disk_sum", "0")) / util_n if util_n > 0 else 0.0
             observations.append(PoolObservation(
                 cluster_id=cluster, pool=pool,
                 nodes_by_state={k: v for k, v in by_state.items() if v},  # type: ignore[misc]
                 gpu_utilization_pct=round(min(max(util, 0.0), 100.0), 3),
                 demand_pct=float(text(demand)) if demand is not None else 0.0,
-                observed_at=now,
+                gpus_up=gpus_up, storage_pct=round(min(max(disk, 0.0), 100.0), 3),
+                storage_weight=self.storage_weight, observed_at=now,
             ))
         return observations
 
@@ -182,6 +188,63 @@ class PoolStore:
             names = await self.redis.smembers(self.keys.pools(cluster))
             pools += [(cluster, text(p)) for p in sorted(names, key=text)]
         return pools
+
+    async def with_demand(self, observations: list[PoolObservation],
+                          now: datetime) -> list[PoolObservation]:
+        """The pools with their queued demand from every source, added up now; the share of
+        each pool's up GPUs is written to `Keys.demand` for the executor and the console."""
+        if not observations:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for obs in observations:
+                pipe.hgetall(self.keys.demand_sources(obs.cluster_id, obs.pool))
+            rows = await pipe.execute()
+        ops = await self.queued_ops()
+        out = []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for obs, raw in zip(observations, rows, strict=True):
+                queued = ops.get((obs.cluster_id, obs.pool), 0)
+                demand = total(parse_entries(raw), now.timestamp(),
+                               [(OPS_TASKS, queued, 0.0)] if queued else [])
+                pct = round(demand.pct_of(obs.gpus_up), 3)
+                pipe.set(self.keys.demand(obs.cluster_id, obs.pool), f"{pct}", ex=86_400)
+                out.append(obs.model_copy(update={
+                    "demand_pct": pct, "queued_items": demand.items,
+                    "queued_detail": demand.describe()}))
+            await pipe.execute()
+        return out
+
+    async def queued_ops(self, limit: int = 1_000) -> dict[tuple[str, str], int]:
+        """Ops tasks queued and not yet dispatched, per (cluster, pool), from the scheduler's
+        queue (its most urgent `limit`)."""
+        ids = members(await self.redis.zrange(self.keys.queue_ready(), 0, limit - 1))
+        if not ids:
+            return {}
+        counts: dict[tuple[str, str], int] = {}
+        for raw in await self.redis.hmget(self.keys.queue_items(), ids):
+            if raw is None:
+                continue
+            task = json.loads(raw)
+            key = (str(task.get("cluster_id", "")), str(task.get("pool", "default")))
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    async def spreads(self, pools: list[tuple[str, str]]) -> dict[tuple[str, str], PoolSpread]:
+        """Each pool's two least loaded up nodes and two busiest with a movable job, from
+        the collector's pool indexes: one round trip for every pool of a batch."""
+        if not pools:
+            return {}
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for cluster, pool in pools:
+                pipe.zrange(self.keys.pool_nodes(cluster, pool), 0, 1, withscores=True)
+                pipe.zrevrange(self.keys.pool_movable(cluster, pool), 0, 1, withscores=True)
+            rows = await pipe.execute()
+
+        def loads(row: list[tuple[bytes, float]]) -> tuple[NodeLoad, ...]:
+            return tuple(NodeLoad(node_id=text(n), load_pct=float(v)) for n, v in row)
+
+        return {key: PoolSpread(lowest=loads(low), busiest_movable=loads(busy))
+                for key, low, busy in zip(pools, rows[::2], rows[1::2], strict=True)}
 
     async def load_conditions(self, keys: list[str]) -> list[ConditionState | None]:
         if not keys:

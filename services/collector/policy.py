@@ -7,7 +7,13 @@ from typing import Literal
 from uuid import UUID, uuid5
 
 from schemas import ids
-from schemas.events.v1 import NodeReport, NodeStateName, Sample, SampleBatch
+from schemas.events.v1 import (
+    MOVABLE_JOB_STATES,
+    NodeReport,
+    NodeStateName,
+    Sample,
+    SampleBatch,
+)
 
 TimestampVerdict = Literal["ok", "future", "stale"]
 
@@ -72,6 +78,9 @@ def summarize(report: NodeReport, source: str, now: datetime) -> Sample:
         if (total := sum(g.memory_total_mib for g in gpus))
         else 0.0
     )
+    host = report.host
+    movable = sum(1 for j in report.jobs if j.movable)
+    pinned = sum(1 for j in report.jobs if j.state in MOVABLE_JOB_STATES and not j.movable)
     return Sample.model_construct(
         event_id=derived_id("sample", report.event_id),
         source=source,
@@ -91,6 +100,13 @@ def summarize(report: NodeReport, source: str, now: datetime) -> Sample:
         fault_count=len(report.faults),
         faults=list(report.faults),
         gpu_source=report.gpu_source,
+        movable_jobs=movable,
+        pinned_jobs=pinned,
+        cpu_pct=host.cpu_pct,
+        memory_pct=round(min(100.0 * host.memory_used_mib / host.memory_total_mib, 100.0), 3)
+        if host.memory_total_mib else 0.0,
+        disk_used_pct=host.disk_used_pct,
+        net_bytes_per_s=host.net_rx_bytes_per_s + host.net_tx_bytes_per_s,
         event_type="sample",
         schema_version=1,
     )

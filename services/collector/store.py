@@ -20,15 +20,17 @@ from services.shared.redis_client import Keys, members, text
 #  * a report not newer than the last applied one (per-node sequence) answers 'old';
 #  * otherwise the node hash is updated (with the node's mode, GPU count and a compact list of
 #    its jobs, which the centre plans migrations and capacity from), its next heartbeat check
-#    scheduled, the pool's aggregate (nodes per state, utilisation sum of the up nodes) moved
+#    scheduled, the pool's aggregate (nodes per state, utilisation sum, GPUs and storage use
+#    sum of the up nodes) moved
 #    from the old state to the new, the pool's member index (pool-nodes: up node -> its
-#    utilisation) kept so that a node is a member exactly while its state is up, and the
+#    utilisation) kept so that a node is a member exactly while its state is up (and the
+#    index of its up nodes with work that could move, pool-movable, likewise), and the
 #    node's per-minute utilisation history extended when a minute ends.
 # KEYS[1] is the cluster set; then two keys per report (node hash, heartbeat schedule).
 # ARGV[1] is the key prefix (aggregate, registry, pool-nodes and history keys are derived from
 # it, which needs a single Redis or hash-tagged keys), ARGV[2] '1' if registration is
 # required, ARGV[3] the history length in minutes, ARGV[4] the probe period (a node's first
-# report schedules its first centre probe); then 15 values per report. Each report answers
+# report schedules its first centre probe); then 17 values per report. Each report answers
 # three values: outcome, previous state, and the node's count of consecutive failed probes.
 APPLY_REPORTS = """
 local P, require_registered, history_len = ARGV[1], ARGV[2] == '1', tonumber(ARGV[3])
@@ -36,7 +38,7 @@ local probe_period = tonumber(ARGV[4])
 local out = {}
 local n = (#KEYS - 1) / 2
 for i = 0, n - 1 do
-  local node, due, a = KEYS[2 + 2 * i], KEYS[3 + 2 * i], 4 + 15 * i
+  local node, due, a = KEYS[2 + 2 * i], KEYS[3 + 2 * i], 4 + 17 * i
   local cluster, node_id, pool = ARGV[a + 10], ARGV[a + 8], ARGV[a + 4]
   if require_registered and redis.call('SISMEMBER', P .. 'registry:' .. cluster, node_id) == 0
   then
@@ -53,7 +55,7 @@ for i = 0, n - 1 do
     out[#out + 1] = 0
   else
     local old = redis.call('HMGET', node, 'state', 'gpu_util', 'pool', 'minute', 'minute_sum',
-      'minute_n')
+      'minute_n', 'gpus', 'disk_pct')
     local prev, state, util = old[1] or '', ARGV[a + 3], tonumber(ARGV[a + 6])
     if prev ~= '' then
       local agg = P .. 'pool:' .. cluster .. ':' .. old[3]
@@ -61,18 +63,29 @@ for i = 0, n - 1 do
       if prev == 'up' then
         redis.call('HINCRBYFLOAT', agg, 'util_sum', -tonumber(old[2]))
         redis.call('HINCRBY', agg, 'util_n', -1)
+        redis.call('HINCRBY', agg, 'gpu_n', -tonumber(old[7] or '0'))
+        redis.call('HINCRBYFLOAT', agg, 'disk_sum', -tonumber(old[8] or '0'))
       end
     end
     local agg = P .. 'pool:' .. cluster .. ':' .. pool
     redis.call('HINCRBY', agg, 'n_' .. state, 1)
     local members = P .. 'pool-nodes:' .. cluster .. ':'
+    local movable = P .. 'pool-movable:' .. cluster .. ':'
     if prev == 'up' and (state ~= 'up' or old[3] ~= pool) then
       redis.call('ZREM', members .. old[3], node_id)
+      redis.call('ZREM', movable .. old[3], node_id)
     end
     if state == 'up' then
       redis.call('HINCRBYFLOAT', agg, 'util_sum', util)
       redis.call('HINCRBY', agg, 'util_n', 1)
+      redis.call('HINCRBY', agg, 'gpu_n', tonumber(ARGV[a + 13]))
+      redis.call('HINCRBYFLOAT', agg, 'disk_sum', tonumber(ARGV[a + 17]))
       redis.call('ZADD', members .. pool, util, node_id)
+      if tonumber(ARGV[a + 16]) > 0 then
+        redis.call('ZADD', movable .. pool, util, node_id)
+      else
+        redis.call('ZREM', movable .. pool, node_id)
+      end
     end
     redis.call('SADD', P .. 'pools:' .. cluster, pool)
     local minute = math.floor(tonumber(ARGV[a + 2]) / 60)
@@ -90,7 +103,7 @@ for i = 0, n - 1 do
       'last_event_id', ARGV[a + 9], 'prev_state', prev,
       'minute', minute, 'minute_sum', msum, 'minute_n', mn,
       'mode', ARGV[a + 12], 'gpus', ARGV[a + 13], 'jobs', ARGV[a + 14],
-      'job_count', ARGV[a + 15])
+      'job_count', ARGV[a + 15], 'disk_pct', ARGV[a + 17])
     redis.call('ZADD', due, ARGV[a + 11], node_id)
     redis.call('ZADD', P .. 'probe-due:' .. cluster, 'NX', tonumber(ARGV[a + 2]) + probe_period,
       node_id)
@@ -106,8 +119,8 @@ return out
 # Moves a silent node to `suspect` or `down` and schedules its next check (ARGV[3], or ''
 # for none), only if no report arrived since the sweep read it (a report reschedules itself),
 # moving it between states in its pool's aggregate (KEYS[3]) too, and out of the pool's up
-# members (KEYS[4]) when it leaves up. A node in a state the heartbeat does not track
-# (offline) leaves the schedule.
+# members (KEYS[4]) and up members with movable work (KEYS[5]) when it leaves up. A node in
+# a state the heartbeat does not track (offline) leaves the schedule.
 MARK_SILENT = """
 if redis.call('HGET', KEYS[1], 'last_report_at') ~= ARGV[1] then return false end
 local state = redis.call('HGET', KEYS[1], 'state') or ''
@@ -128,7 +141,11 @@ if state == 'up' then
   local util = tonumber(redis.call('HGET', KEYS[1], 'gpu_util'))
   redis.call('HINCRBYFLOAT', KEYS[3], 'util_sum', -util)
   redis.call('HINCRBY', KEYS[3], 'util_n', -1)
+  redis.call('HINCRBY', KEYS[3], 'gpu_n', -tonumber(redis.call('HGET', KEYS[1], 'gpus') or '0'))
+  redis.call('HINCRBYFLOAT', KEYS[3], 'disk_sum',
+    -tonumber(redis.call('HGET', KEYS[1], 'disk_pct') or '0'))
   redis.call('ZREM', KEYS[4], ARGV[4])
+  redis.call('ZREM', KEYS[5], ARGV[4])
 end
 return state
 """
@@ -208,6 +225,8 @@ class NodeStore:
                 len(report.gpus),
                 compact_jobs(report),
                 len(report.jobs),
+                sum(1 for job in report.jobs if job.movable),
+                report.host.disk_used_pct,
             ]
         flat = await self._apply(keys=keys, args=args)
         return [
@@ -244,7 +263,8 @@ class NodeStore:
         """Set the state of a silent node; returns the previous state if it changed."""
         prev = await self._mark(
             keys=[self.keys.node(cluster, row.node_id), self.keys.heartbeat_due(cluster),
-                  self.keys.pool(cluster, row.pool), self.keys.pool_nodes(cluster, row.pool)],
+                  self.keys.pool(cluster, row.pool), self.keys.pool_nodes(cluster, row.pool),
+                  self.keys.pool_movable(cluster, row.pool)],
             args=[row.last_report_at, new_state,
                   "" if next_check is None else f"{next_check:.6f}", row.node_id,
                   *sorted(from_states)],

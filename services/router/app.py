@@ -3,7 +3,7 @@
 Three consumer groups: submissions (`router`), the agents' answers (`router-results`) and
 the agents' reports, consumed in batches, which feed the model registry (`router-registry`);
 one loop, the sweep, looks at tasks that are due (an attempt's deadline, a task waiting for
-a slot).
+a slot); another reports the waiting tasks as queued demand (services/shared/demand.py).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ def create_app(settings: RouterSettings | None = None) -> FastStream:
               batch_records=settings.batch_max_records)
     return build_app(
         broker, settings,
-        loops=[("ml-sweep", settings.sweep_interval_s, router.sweep)],
+        loops=[("ml-sweep", settings.sweep_interval_s, router.sweep),
+               ("ml-demand", settings.demand_period_s, router.report_demand)],
         closers=[redis.aclose],
     )

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from uuid import UUID, uuid4
@@ -73,6 +73,7 @@ from services.router.registry import (
 from services.router.settings import RouterSettings
 from services.router.stats_store import StatsStore, begin_writes, is_arm, optimistic
 from services.shared.breaker_holds import StoppedNodes
+from services.shared.demand import ML_TASKS, report_demand
 from services.shared.redis_client import Keys, text
 
 log = logging.getLogger("clusterwarden.router")
@@ -129,6 +130,7 @@ class Router:
         self._claim = redis.register_script(_CLAIM)
         self._create = redis.register_script(_CREATE)
         self._turns: dict[UUID, _Turn] = {}
+        self._demand_pools: dict[str, set[str]] = {}  # per cluster: pools given demand
 
     # ------------------------------------------------------------ handlers
 
@@ -186,6 +188,29 @@ class Router:
             except Exception:
                 # Looked at again when the lease ends; the other due tasks go on.
                 log.exception("advancing task %s failed", task_id)
+
+    async def report_demand(self) -> None:
+        """Report the waiting tasks of every cluster as queued demand, per pool (one router
+        instance per period); waiting entries past their task's deadline are dropped."""
+        period = self.settings.demand_period_s
+        if not await self.redis.set(self.keys.sweep_lock("ml-demand"), b"1", nx=True,
+                                    px=int(period * 900)):
+            return
+        now = self.clock()
+        for cluster in sorted(text(c) for c in await self.redis.smembers(self.keys.clusters())):
+            waiting = await self.redis.hgetall(self.keys.ml_waiting(cluster))
+            counts, stale = waiting_by_pool(waiting, now)
+            if stale:
+                await self.redis.hdel(self.keys.ml_waiting(cluster), *stale)
+            # Every pool reported before gets its new figure, 0 included, so demand ends
+            # when the tasks do, not only when the entry times out.
+            pools = sorted(set(counts) | self._demand_pools.get(cluster, set()))
+            self._demand_pools[cluster] = set(counts)
+            for pool in pools:
+                n = counts.get(pool, 0)
+                await report_demand(self.redis, self.keys, cluster, pool, ML_TASKS, items=n,
+                                    gpus=n * self.settings.task_gpus, now=now,
+                                    ttl_s=3 * period)
 
     # ------------------------------------------------------------ the state machine
 
@@ -252,6 +277,7 @@ class Router:
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.zrem(self.keys.ml_active(task.cluster_id, task.task_type), str(task_id))
                 pipe.zrem(self.keys.ml_due(), str(task_id))
+                pipe.hdel(self.keys.ml_waiting(task.cluster_id), str(task_id))
                 await pipe.execute()
             return "idle"
         current = rec.current
@@ -420,6 +446,7 @@ class Router:
                 rec, None, final=True, state="failed", cause=cause,
                 reason=f"deadline passed: {why}", occurred=now))
             self._save(pipe, rec)
+            pipe.hdel(self.keys.ml_waiting(rec.task.cluster_id), str(task_id))
 
         await optimistic(self.redis, [self.keys.ml_task(str(task_id))], body)
 
@@ -463,6 +490,9 @@ class Router:
                 begin_writes(pipe)
                 self._save(pipe, rec)
                 pipe.zadd(self.keys.ml_due(), {str(task_id): now + self.settings.wait_retry_s})
+                # Queued demand: waiting until a model can take it (or its deadline).
+                pipe.hset(self.keys.ml_waiting(cluster), str(task_id),
+                          f"{self.settings.demand_pool}|{epoch(rec.task.deadline):.3f}")
                 return step
             name, version = split_model(chosen.model)
             deadline = min(epoch(rec.task.deadline), now + self.settings.attempt_timeout_s)
@@ -480,6 +510,7 @@ class Router:
             begin_writes(pipe)
             self.stats.write(pipe, cluster, snapshot, commit(snapshot, decision, self.config))
             self._save(pipe, rec)
+            pipe.hdel(self.keys.ml_waiting(cluster), str(task_id))
             if attempt.retry:
                 pipe.zadd(self.keys.ml_retrying(cluster, rec.task.task_type),
                           {f"{task_id}:{n}": deadline})
@@ -496,6 +527,20 @@ class Router:
     def _emit(rec: TaskRecord, topic: Topic, event: Envelope) -> None:
         """Put an event in the record's outbox (sent once the change has committed)."""
         rec.outbox.append(Outbound(topic=topic, body=event.model_dump_json()))
+
+
+def waiting_by_pool(waiting: Mapping[bytes | str, bytes | str],
+                    now: float) -> tuple[dict[str, int], list[str]]:
+    """(waiting tasks per pool, task ids whose deadline has passed) of a waiting index."""
+    counts: dict[str, int] = {}
+    stale: list[str] = []
+    for task_id, value in waiting.items():
+        pool, _, deadline = text(value).rpartition("|")
+        if float(deadline or 0) < now:
+            stale.append(text(task_id))
+        else:
+            counts[pool] = counts.get(pool, 0) + 1
+    return counts, stale
 
 
 class ReportFeed:

@@ -36,6 +36,15 @@ class RouterSettings(ServiceSettings):
     )
     sweep_interval_s: float = Field(default=0.1, gt=0.0, le=60.0,
                                     description="How often due tasks are looked at.")
+    task_gpus: float = Field(
+        default=0.25, ge=0.0, le=64.0,
+        description="GPUs a waiting task counts for in the queued demand (a model serves 4 "
+                    "tasks at once by default, so a quarter of a GPU each).")
+    demand_pool: str = Field(
+        default="default", pattern=r"^[A-Za-z0-9_.-]{1,128}$",
+        description="The pool whose demand waiting ML tasks count in.")
+    demand_period_s: float = Field(default=1.0, gt=0.0, le=600.0,
+                                   description="How often waiting tasks are reported as demand.")
     registry_stale_after_s: float = Field(
         default=10.0, gt=0.0, le=3_600.0,
         description="A node's models count as not ready once its last report is older than "

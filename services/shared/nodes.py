@@ -24,7 +24,7 @@ FORGET_NODE = """
 redis.call('ZREM', KEYS[2], ARGV[3])
 redis.call('ZREM', KEYS[3], ARGV[3])
 redis.call('DEL', KEYS[4])
-local f = redis.call('HMGET', KEYS[1], 'state', 'pool', 'gpu_util')
+local f = redis.call('HMGET', KEYS[1], 'state', 'pool', 'gpu_util', 'gpus', 'disk_pct')
 if not f[1] then
   redis.call('DEL', KEYS[1])
   return ''
@@ -34,7 +34,10 @@ redis.call('HINCRBY', agg, 'n_' .. f[1], -1)
 if f[1] == 'up' then
   redis.call('HINCRBYFLOAT', agg, 'util_sum', -tonumber(f[3]))
   redis.call('HINCRBY', agg, 'util_n', -1)
+  redis.call('HINCRBY', agg, 'gpu_n', -tonumber(f[4] or '0'))
+  redis.call('HINCRBYFLOAT', agg, 'disk_sum', -tonumber(f[5] or '0'))
   redis.call('ZREM', ARGV[1] .. 'pool-nodes:' .. ARGV[2] .. ':' .. f[2], ARGV[3])
+  redis.call('ZREM', ARGV[1] .. 'pool-movable:' .. ARGV[2] .. ':' .. f[2], ARGV[3])
 end
 redis.call('DEL', KEYS[1])
 return f[1]

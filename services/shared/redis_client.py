@@ -82,8 +82,13 @@ class Keys:
         return f"{self.prefix}capacity-plan:{cluster}:{pool}:{hour}"
 
     def demand(self, cluster: str, pool: str) -> str:
-        """Queued GPU demand of a pool, as a share of its capacity (%), kept by the router."""
+        """Queued GPU demand of a pool, as a share of its up GPUs (%), written by the
+        analyzer every pool period from the sources (services/shared/demand.py)."""
         return f"{self.prefix}demand:{cluster}:{pool}"
+
+    def demand_sources(self, cluster: str, pool: str) -> str:
+        """HASH source -> JSON of its queued work in a pool (services/shared/demand.py)."""
+        return f"{self.prefix}demand-src:{cluster}:{pool}"
 
     def condition(self, need: str, cluster: str, target: str) -> str:
         """A need's condition state for one target (JSON)."""
@@ -149,6 +154,11 @@ class Keys:
         """ZSET node -> GPU utilisation of the pool's up nodes (kept by the collector)."""
         return f"{self.prefix}pool-nodes:{cluster}:{pool}"
 
+    def pool_movable(self, cluster: str, pool: str) -> str:
+        """ZSET node -> GPU utilisation of the pool's up nodes running work that could move
+        (kept by the collector, beside `pool_nodes`)."""
+        return f"{self.prefix}pool-movable:{cluster}:{pool}"
+
     def capacity_nodes(self, cluster: str, pool: str) -> str:
         """HASH node -> JSON of a node the capacity provider added to a pool."""
         return f"{self.prefix}capacity:{cluster}:{pool}"
@@ -209,6 +219,10 @@ class Keys:
     def ml_active(self, cluster: str, task_type: str) -> str:
         """ZSET task id -> its deadline: the task type's unfinished tasks (retry budget)."""
         return f"{self.prefix}ml:active:{cluster}:{task_type}"
+
+    def ml_waiting(self, cluster: str) -> str:
+        """HASH task id -> "<pool>|<deadline>": tasks no model could take yet (demand)."""
+        return f"{self.prefix}ml:waiting:{cluster}"
 
     def ml_retrying(self, cluster: str, task_type: str) -> str:
         """ZSET '<task>:<attempt>' -> attempt deadline: retries in flight (retry budget)."""

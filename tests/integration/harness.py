@@ -14,9 +14,11 @@ import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from agent import fleet
 from common.messaging import delete_topics, ensure_topics
 from schemas.events.v1 import TaskEvent
 from schemas.topics import Topic, topic_name
+from services.shared.registry import register
 from tests.waiting import eventually
 from warden import launcher
 
@@ -110,6 +112,22 @@ async def tap(bootstrap: str, *topics: str) -> AsyncIterator[Tap]:
         yield Tap(consumer)
     finally:
         await consumer.stop()
+
+
+@asynccontextmanager
+async def watched_fleet(env: dict[str, str], state: Path, public: Path, topics: Sequence[Topic],
+                        count: int = 3, interval_s: float = 1.0) -> AsyncIterator[Tap]:
+    """`count` enrolled agents of cluster itest (one GPU each, reporting every `interval_s`)
+    and a tap on `topics`; the agents are stopped on the way out."""
+    namespace = env["WARDEN_NAMESPACE"]
+    agents = fleet.fleet_up(count, 1, "itest", namespace, state, env, [public], interval_s)
+    await register(env["REDIS_URL"], namespace, "itest", [a.node_id for a in agents])
+    try:
+        async with tap(env["KAFKA_BOOTSTRAP_SERVERS"],
+                       *(name(t, namespace) for t in topics)) as watch:
+            yield watch
+    finally:
+        fleet.fleet_down(state)
 
 
 @asynccontextmanager

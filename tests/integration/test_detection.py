@@ -23,6 +23,7 @@ from tests.integration.harness import (
     stack_env,
     tap,
     until,
+    watched_fleet,
 )
 
 # Samples of a node the analyzer must have handled before a need for it is judged absent.
@@ -206,3 +207,29 @@ async def test_a_probe_answer_is_judged_by_when_it_was_sent_not_when_it_was_read
         assert await probes.end("p2", answered=True, now=now, sent_at=in_time) is None
     finally:
         await redis.aclose()
+
+
+async def test_a_full_disk_held_for_a_while_takes_the_node_offline_with_the_evidence(
+    kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    # Reports every second; a disk above 95 % must last 4 reports in a row.
+    env = stack_env(kafka_bootstrap, redis_url, namespace, tmp_path,
+                    ANALYZER_OFFLINE__HOST__MIN_CONSECUTIVE_REPORTS="4")
+    _, public = ensure_keypair(tmp_path / "keys")
+    async with (services(env, tmp_path, ("collector", "analyzer")),
+                watched_fleet(env, tmp_path, public, (Topic.OPS_NEEDS, Topic.OPS_SAMPLES),
+                              count=2) as watch):
+        await samples_of(watch, "node-001", 2, start=0)
+        fleet.inject_fault(tmp_path, "node-001", disk_used_pct=98.5)
+        record = await watch.wait_for(need_for("node-001", "node_fault_count"), 90,
+                                      "an offline need for the full disk")
+        need = OpsNeed.model_validate_json(record.value)
+        assert (need.kind, need.level, need.action_class) == ("offline", "node",
+                                                              "drain")
+        assert "disk 98.5% used > 95%" in need.evidence[0].detail
+        consecutive = int(need.evidence[0].detail.split(" consecutive")[0])
+        assert consecutive >= 4, need.evidence[0].detail
+        # The sample behind it carried the disk as the agent reported it.
+        assert any(s.node_id == "node-001" and s.disk_used_pct == 98.5
+                   for r in watch.records for s in samples_in(r))
+        assert not [n for n in needs_in(watch) if n.target == "node-002"]

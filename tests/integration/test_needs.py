@@ -29,11 +29,13 @@ from tests.integration.harness import (
     services,
     stack_env,
     tap,
+    watched_fleet,
 )
 
 pytestmark = pytest.mark.timeout(600)
 
 NODES = ("node-001", "node-002", "node-003")
+NEEDS_AND_HEALTH = (Topic.OPS_NEEDS, Topic.OPS_POOL_HEALTH)
 SCALE_HOLD_S = 15.0
 DOWN_AFTER_S = 4.0
 ONLINE_HOLD_S = 3.0
@@ -83,78 +85,96 @@ def load(state: Path, percent: float, nodes: tuple[str, ...] = NODES) -> None:
 async def test_scale_out_after_the_hold_not_for_a_spike_and_load_balance_for_one_hot_node(
     kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path
 ) -> None:
-    env = stack_env(kafka_bootstrap, redis_url, namespace, tmp_path, AGENT_JOBS="",
+    # Two simulated jobs per node, which could move: balancing can help a hot node.
+    env = stack_env(kafka_bootstrap, redis_url, namespace, tmp_path,
+                    AGENT_JOBS="sim:train,infer",
                     ANALYZER_POOL_PERIOD_S="1", ANALYZER_SCALE__HOLD_S=f"{SCALE_HOLD_S:g}",
                     ANALYZER_LOAD_BALANCE__HOLD_S="4")
     _, public = ensure_keypair(tmp_path / "keys")
     async with services(env, tmp_path, ("collector", "analyzer")):
         for node in NODES:  # the load is set before the first report
             fleet.inject_fault(tmp_path, node, load_pct=40.0)
-        agents = fleet.fleet_up(3, 1, "itest", namespace, tmp_path, env, [public], 1.0)
-        await register(redis_url, namespace, "itest", [a.node_id for a in agents])
-        try:
-            async with tap(kafka_bootstrap, name(Topic.OPS_NEEDS, namespace),
-                           name(Topic.OPS_POOL_HEALTH, namespace)) as watch:
-                await watch.wait_for(
-                    lambda r: r.topic.endswith(Topic.OPS_POOL_HEALTH.value)
-                    and b'"up":3' in r.value, 60, "the pool's health with 3 nodes up")
+        async with watched_fleet(env, tmp_path, public, NEEDS_AND_HEALTH) as watch:
+            await watch.wait_for(
+                lambda r: r.topic.endswith(Topic.OPS_POOL_HEALTH.value)
+                and b'"up":3' in r.value, 60, "the pool's health with 3 nodes up")
 
-                # One node at 90% while the pool is inside its range: load balance.
-                fleet.inject_fault(tmp_path, "node-001", load_pct=90.0)
-                record = await watch.wait_for(a_need("load_balance", "node-001"), 90,
-                                              "a load-balance need for node-001")
-                balance = OpsNeed.model_validate_json(record.value)
-                assert balance.evidence[0].value > 80.0
-                mark = len(watch.records)
-                fleet.inject_fault(tmp_path, "node-001", load_pct=40.0)
-                await watch.wait_for(pool_util(lambda u: u < 50.0), 60,
-                                     "the pool back at 40%", start=mark)
+            # One node at 90% while the pool is inside its range: load balance.
+            fleet.inject_fault(tmp_path, "node-001", load_pct=90.0)
+            record = await watch.wait_for(a_need("load_balance", "node-001"), 90,
+                                          "a load-balance need for node-001")
+            balance = OpsNeed.model_validate_json(record.value)
+            assert balance.evidence[0].value > 80.0
+            mark = len(watch.records)
+            fleet.inject_fault(tmp_path, "node-001", load_pct=40.0)
+            await watch.wait_for(pool_util(lambda u: u < 50.0), 60,
+                                 "the pool back at 40%", start=mark)
 
-                # A spike of the whole pool, seen by the analyzer for 6 s, much shorter than
-                # the 15 s hold: nothing. (Timed by the analyzer's own pool-health records,
-                # so that a slow report or a slow test stretches neither the spike seen nor
-                # leaves it unseen: a spike the analyzer never saw would prove nothing.)
-                mark = len(watch.records)
-                load(tmp_path, 95.0)
-                first = health(await watch.wait_for(pool_util(lambda u: u >= 90.0), 60,
-                                                    "the spike seen", start=mark))
-                await watch.wait_for(
-                    lambda r: pool_util(lambda u: u >= 90.0)(r) and (
-                        health(r).occurred_at - first.occurred_at).total_seconds() >= 6.0,
-                    60, "the spike seen for 6 s", start=mark)
-                ending = len(watch.records)
-                load(tmp_path, 40.0)
-                back = health(await watch.wait_for(pool_util(lambda u: u < 50.0), 60,
-                                                   "the pool back at 40%", start=ending))
-                await periods(watch, 3)
-                above = [h.occurred_at for h in map(health, filter(is_health,
-                                                                  watch.records[mark:]))
-                         if h.gpu_utilization_pct > 80.0]
-                spike_s = (max(above) - min(above)).total_seconds()
-                back_s = (back.occurred_at - first.occurred_at).total_seconds()
-                print(f"\nspike above the range for {spike_s:.1f} s as the analyzer saw it "
-                      f"(back under 50% {back_s:.1f} s after it was first seen)")
-                # The premise: a spike is shorter than the hold (a machine so slow that it
-                # was not would make this test's scenario, not the analyzer, wrong).
-                assert spike_s < SCALE_HOLD_S, spike_s
-                assert needs_of(watch, "scale_out") == []
+            # A spike of the whole pool, seen by the analyzer for 6 s, much shorter than
+            # the 15 s hold: nothing. (Timed by the analyzer's own pool-health records,
+            # so that a slow report or a slow test stretches neither the spike seen nor
+            # leaves it unseen: a spike the analyzer never saw would prove nothing.)
+            mark = len(watch.records)
+            load(tmp_path, 95.0)
+            first = health(await watch.wait_for(pool_util(lambda u: u >= 90.0), 60,
+                                                "the spike seen", start=mark))
+            await watch.wait_for(
+                lambda r: pool_util(lambda u: u >= 90.0)(r) and (
+                    health(r).occurred_at - first.occurred_at).total_seconds() >= 6.0,
+                60, "the spike seen for 6 s", start=mark)
+            ending = len(watch.records)
+            load(tmp_path, 40.0)
+            back = health(await watch.wait_for(pool_util(lambda u: u < 50.0), 60,
+                                               "the pool back at 40%", start=ending))
+            await periods(watch, 3)
+            above = [h.occurred_at for h in map(health, filter(is_health,
+                                                              watch.records[mark:]))
+                     if h.gpu_utilization_pct > 80.0]
+            spike_s = (max(above) - min(above)).total_seconds()
+            back_s = (back.occurred_at - first.occurred_at).total_seconds()
+            print(f"\nspike above the range for {spike_s:.1f} s as the analyzer saw it "
+                  f"(back under 50% {back_s:.1f} s after it was first seen)")
+            # The premise: a spike is shorter than the hold (a machine so slow that it
+            # was not would make this test's scenario, not the analyzer, wrong).
+            assert spike_s < SCALE_HOLD_S, spike_s
+            assert needs_of(watch, "scale_out") == []
 
-                # Held at 85%: scale out, once, and not before the hold.
-                mark = len(watch.records)
-                load(tmp_path, 85.0)
-                record = await watch.wait_for(a_need("scale_out", "default"), 120,
-                                              "a scale-out need", start=mark)
-                scale_out = OpsNeed.model_validate_json(record.value)
-                held_from = min(h.occurred_at for h in map(health, filter(
-                    is_health, watch.records[mark:])) if h.gpu_utilization_pct > 80.0)
-                assert (scale_out.occurred_at - held_from).total_seconds() >= SCALE_HOLD_S
-                assert scale_out.level == "cluster"
-                assert 80.0 < scale_out.evidence[0].value <= 95.0
-                await periods(watch, 3)
-                assert len(needs_of(watch, "scale_out")) == 1
-                assert {n.target for n in needs_of(watch, "load_balance")} == {"node-001"}
-        finally:
-            fleet.fleet_down(tmp_path)
+            # Held at 85%: scale out, once, and not before the hold.
+            mark = len(watch.records)
+            load(tmp_path, 85.0)
+            record = await watch.wait_for(a_need("scale_out", "default"), 120,
+                                          "a scale-out need", start=mark)
+            scale_out = OpsNeed.model_validate_json(record.value)
+            held_from = min(h.occurred_at for h in map(health, filter(
+                is_health, watch.records[mark:])) if h.gpu_utilization_pct > 80.0)
+            assert (scale_out.occurred_at - held_from).total_seconds() >= SCALE_HOLD_S
+            assert scale_out.level == "cluster"
+            assert 80.0 < scale_out.evidence[0].value <= 95.0
+            await periods(watch, 3)
+            assert len(needs_of(watch, "scale_out")) == 1
+            assert {n.target for n in needs_of(watch, "load_balance")} == {"node-001"}
+
+
+async def test_no_load_balance_need_where_no_work_can_move(
+    kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    # No job on any node: a hot node and an idle one in a pool inside its range, and nothing
+    # that moving work could fix (as for Philly's whole-node jobs).
+    env = stack_env(kafka_bootstrap, redis_url, namespace, tmp_path, AGENT_JOBS="",
+                    ANALYZER_POOL_PERIOD_S="1", ANALYZER_LOAD_BALANCE__HOLD_S="2")
+    _, public = ensure_keypair(tmp_path / "keys")
+    async with services(env, tmp_path, ("collector", "analyzer")):
+        load(tmp_path, 50.0)
+        fleet.inject_fault(tmp_path, "node-001", load_pct=95.0)
+        fleet.inject_fault(tmp_path, "node-002", load_pct=5.0)
+        async with watched_fleet(env, tmp_path, public, NEEDS_AND_HEALTH) as watch:
+            await watch.wait_for(
+                lambda r: is_health(r) and health(r).nodes_by_state.get("up") == 3
+                and 40.0 < health(r).gpu_utilization_pct < 60.0, 90,
+                "the pool inside its range with 3 nodes up")
+            # Five times the hold with both ends out of the node range: nothing to move.
+            await periods(watch, 10)
+            assert needs_of(watch, "load_balance") == []
 
 
 async def test_a_killed_agent_is_down_after_the_grace_and_a_repaired_node_comes_back_online(

@@ -4,19 +4,31 @@ removes a node (the provider's own) without losing a job."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import pytest
+from aiokafka import AIOKafkaProducer
 
 from agent import fleet
 from common.signing import ensure_keypair
-from schemas.events.v1 import NodeReport, OpsTask, TaskEvent
+from schemas.events.v1 import (
+    MlTaskSubmitted,
+    NodeReport,
+    OpsNeed,
+    OpsTask,
+    PoolHealth,
+    TaskEvent,
+    now_utc,
+)
 from schemas.topics import Topic
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.registry import register, registered_nodes
 from tests.integration.harness import (
     SMALL_POOL_SAFETY,
+    Record,
     Tap,
     is_up,
     name,
@@ -237,3 +249,61 @@ async def test_a_pool_scales_out_and_rebalances_then_scales_in_without_losing_a_
         finally:
             fleet.fleet_down(tmp_path)
             await redis.aclose()
+
+
+async def test_a_backlog_of_ml_tasks_nothing_can_take_scales_the_pool_out(
+    kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    # Utilisation inside the range (50 %), and 8 ML tasks of a type no node serves: each
+    # waits in the router until its deadline, a quarter of a GPU of queued demand each, so
+    # 2 GPUs on the pool's 2: 50 % + 100 % demand is above the range. Demand alone scales out.
+    env = stack_env(kafka_bootstrap, redis_url, namespace, tmp_path, AGENT_JOBS="",
+                    ANALYZER_ENABLED_NEEDS='["scale"]', ANALYZER_SCALE__HOLD_S="3",
+                    ANALYZER_POOL_PERIOD_S="1", ROUTER_TASK_GPUS="0.25")
+    _, public = ensure_keypair(tmp_path / "keys")
+    set_load(tmp_path, FLEET, 50.0)
+    async with services(env, tmp_path, ("collector", "analyzer", "router")):
+        await register(redis_url, namespace, "itest", FLEET)
+        fleet.fleet_up(len(FLEET), 1, "itest", namespace, tmp_path, env, [public], 1.0)
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+        await producer.start()
+        try:
+            async with tap(kafka_bootstrap, name(Topic.OPS_NEEDS, namespace),
+                           name(Topic.OPS_POOL_HEALTH, namespace)) as watch:
+                await watch.wait_for(lambda r: is_pool_health(r, lambda h: h.nodes_by_state.get(
+                    "up") == 2 and 40.0 < h.gpu_utilization_pct < 60.0), 90,
+                    "the pool at 50 % with both nodes up")
+                assert not [r for r in watch.records if r.topic.endswith(Topic.OPS_NEEDS.value)]
+                for _ in range(8):
+                    await producer.send_and_wait(name(Topic.ML_TASKS_SUBMITTED, namespace),
+                                                 *unservable_task())
+                record = await watch.wait_for(
+                    lambda r: r.topic.endswith(Topic.OPS_NEEDS.value), 90, "a scale_out need")
+                need = OpsNeed.model_validate_json(record.value)
+                assert (need.kind, need.target) == ("scale_out", POOL)
+                assert need.evidence[0].value > 80.0
+                assert "% gpu + 100.0% demand (8 ml_tasks)" in need.evidence[0].detail
+                # The usage the analyzer saw stayed inside the range: demand did it.
+                seen = [PoolHealth.model_validate_json(r.value) for r in watch.records
+                        if r.topic.endswith(Topic.OPS_POOL_HEALTH.value)]
+                assert all(h.gpu_utilization_pct < 80.0 for h in seen)
+                assert max(h.demand_pct for h in seen) == 100.0
+        finally:
+            await producer.stop()
+            fleet.fleet_down(tmp_path)
+
+
+def is_pool_health(record: Record, check: Callable[[PoolHealth], bool]) -> bool:
+    return (record.topic.endswith(Topic.OPS_POOL_HEALTH.value)
+            and check(PoolHealth.model_validate_json(record.value)))
+
+
+def unservable_task() -> tuple[bytes, bytes]:
+    """(body, key) of an ML task of a type no node serves, with two minutes to wait."""
+    task_id = uuid4()
+    now = now_utc()
+    event = MlTaskSubmitted(
+        event_id=uuid4(), source="itest", occurred_at=now, cluster_id="itest",
+        subject=str(task_id), task_id=task_id, task_type="nobody-serves-this", input=[1.0],
+        deadline=now + timedelta(seconds=120), submitted_by="itest")
+    return event.model_dump_json().encode(), str(task_id).encode()

@@ -13,7 +13,15 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from common.deadletter import classify
 from common.errors import PermanentError, TransientError
-from schemas.events.v1 import Fault, NodeReport, NodeStateName, OpsNeed, OpsTask, Sample
+from schemas.events.v1 import (
+    Fault,
+    JobInfo,
+    NodeReport,
+    NodeStateName,
+    OpsNeed,
+    OpsTask,
+    Sample,
+)
 from services.analyzer.needs import REGISTRY, enabled
 from services.analyzer.needs.offline import Args, detect
 from services.analyzer.observation import NodeObservation
@@ -59,6 +67,29 @@ def test_summary_of_a_report() -> None:
     assert Sample.model_validate_json(sample.model_dump_json()) == sample
     # Deterministic id: a redelivered report yields the same sample.
     assert sample.event_id == collector.summarize(report, "collector", NOW).event_id
+
+
+@pytest.mark.parametrize(
+    ("job", "movable"),
+    [
+        ({}, True),
+        ({"state": "starting"}, True),
+        ({"gang": True}, False),
+        ({"whole_node": True}, False),
+        ({"do_not_disrupt": True}, False),
+        ({"state": "checkpointing"}, None),  # neither: not doing work another node could take
+        ({"state": "hung"}, None),
+    ],
+)
+def test_a_sample_counts_the_jobs_that_can_move_and_those_that_cannot(
+    job: dict[str, object], movable: bool | None
+) -> None:
+    report = example("node_report", NodeReport)
+    info = JobInfo.model_validate({"job_id": "j1", "kind": "training", "state": "running"} | job)
+    sample = collector.summarize(report.model_copy(update={"jobs": [info]}), "collector", NOW)
+    assert (sample.movable_jobs, sample.pinned_jobs) == {
+        True: (1, 0), False: (0, 1), None: (0, 0)}[movable]
+    assert Sample.model_validate_json(sample.model_dump_json()) == sample
 
 
 def obs(state: NodeStateName = "up", faults: int = 1, run: int = 2) -> NodeObservation:
@@ -217,3 +248,15 @@ def test_an_error_raised_from_an_outage_waits_and_one_raised_from_a_bug_does_not
     corrupt = SafetyUnreadable("pool health unreadable")
     corrupt.__cause__ = ValueError("corrupt hash")
     assert classify(corrupt)[:2] == ("dead_letter", "unhandled_error")
+
+
+def test_a_sample_keeps_the_host_load() -> None:
+    report = example("node_report", NodeReport)
+    host = report.host.model_copy(update={"memory_used_mib": report.host.memory_total_mib // 4,
+                                          "net_rx_bytes_per_s": 10.0,
+                                          "net_tx_bytes_per_s": 5.0})
+    sample = collector.summarize(report.model_copy(update={"host": host}), "collector", NOW)
+    assert (sample.cpu_pct, sample.disk_used_pct) == (host.cpu_pct, host.disk_used_pct)
+    assert sample.memory_pct == pytest.approx(25.0, abs=0.01)
+    assert sample.net_bytes_per_s == 15.0
+    assert Sample.model_validate_json(sample.model_dump_json()) == sample

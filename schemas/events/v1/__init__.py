@@ -85,6 +85,7 @@ from schemas.events.v1.ml import (
     StatField,
 )
 from schemas.events.v1.reports import (
+    MOVABLE_JOB_STATES,
     Fault,
     FaultKind,
     GpuMetrics,
@@ -156,6 +157,7 @@ def now_utc() -> datetime:
 __all__ = [
     "CENTRE_ACTIONS",
     "EVENT_MODELS",
+    "MOVABLE_JOB_STATES",
     "Action",
     "ActionClass",
     "ActionName",

@@ -51,6 +51,18 @@ class Sample(Envelope):
     fault_count: Count
     faults: list[Fault] = Field(default_factory=list, max_length=256)
     gpu_source: GpuSource
+    movable_jobs: Count = Field(
+        default=0, description="Jobs that moving to another node could help with "
+        "(`JobInfo.movable`).")
+    pinned_jobs: Count = Field(
+        default=0, description="Running jobs that cannot move: gang, whole-node or "
+        "do-not-disrupt.")
+    cpu_pct: Percent = Field(default=0.0, description="Host CPU in use.")
+    memory_pct: Percent = Field(default=0.0, description="Host memory in use.")
+    disk_used_pct: Percent = Field(default=0.0, description="Storage in use (the load weighed "
+                                   "by ANALYZER_STORAGE_WEIGHT).")
+    net_bytes_per_s: Annotated[float, Field(ge=0.0, le=2e12)] = Field(
+        default=0.0, description="Host network traffic, received plus sent.")
 
 
 class SampleBatch(Envelope):

@@ -10,8 +10,13 @@ from schemas.envelope import Envelope, Identifier, ShortText, Strict
 from schemas.events.v1.values import Count, MiB, ModelVersion, NodeMode, Percent, Seq
 
 GpuSource = Literal["nvml", "simulated"]
-FaultKind = Literal["xid", "ecc", "hung_job", "probe_failed", "heartbeat_missed", "agent"]
+# disk_full and memory_pressure are the analyzer's reading of host metrics out of range.
+FaultKind = Literal["xid", "ecc", "hung_job", "probe_failed", "heartbeat_missed", "agent",
+                    "disk_full", "memory_pressure"]
 ModelState = Literal["loading", "ready", "failed"]
+# The job states in which a job can be moved to another node (checkpointing, stopped, failed
+# and hung jobs are not doing work that another node could take over as it is).
+MOVABLE_JOB_STATES: frozenset[str] = frozenset({"running", "starting"})
 
 
 class GpuMetrics(Strict):
@@ -78,6 +83,20 @@ class JobInfo(Strict):
     gpu_indices: list[Annotated[int, Field(ge=0, le=63)]] = Field(
         default_factory=list, max_length=64
     )
+    gang: bool = Field(
+        default=False, description="One piece of a gang-scheduled job: its pieces run together "
+        "or not at all, so it cannot move on its own.")
+    whole_node: bool = Field(
+        default=False, description="The job holds the whole node: moving it moves the hot spot.")
+    do_not_disrupt: bool = Field(
+        default=False, description="Its owner asked that it never be moved or stopped.")
+
+    @property
+    def movable(self) -> bool:
+        """True for a running (or starting) job that moving to another node could help with:
+        not part of a gang, not a whole-node job, not flagged do-not-disrupt."""
+        return (self.state in MOVABLE_JOB_STATES
+                and not (self.gang or self.whole_node or self.do_not_disrupt))
 
 
 class PeerProbe(Strict):

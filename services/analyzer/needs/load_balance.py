@@ -1,4 +1,11 @@
-"""The load-balance need: one node out of its range while its pool, as a whole, is inside."""
+"""The load-balance need: one node out of its range while its pool, as a whole, is inside,
+and only where moving work helps.
+
+Like the descheduler's LowNodeUtilization rule, moving work needs both ends: a node above
+the range with work that can move (not a gang piece, a whole-node job or a job flagged
+do-not-disrupt) and another node with room to take it. A busy node with nothing movable, or
+an idle node with nobody to take work from, is not an imbalance that moving work fixes.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +17,7 @@ from pydantic import Field, model_validator
 from schemas import ids
 from schemas.envelope import short_text
 from schemas.events.v1 import Evidence
-from schemas.ranges import BandArgs
+from schemas.ranges import BandArgs, Side
 from services.analyzer.conditions import ConditionState, Evaluation
 from services.analyzer.needs.hysteresis import (
     advance,
@@ -19,7 +26,7 @@ from services.analyzer.needs.hysteresis import (
     episode_need,
     held_detail,
 )
-from services.analyzer.observation import NodeObservation
+from services.analyzer.observation import NodeObservation, PoolSpread
 
 NAME: Final = "load_balance"
 LEVEL: Final = "node"
@@ -30,6 +37,10 @@ class Args(BandArgs):
 
     pool_low: float = Field(default=20.0, ge=0.0, le=1e6)
     pool_high: float = Field(default=80.0, ge=0.0, le=1e6)
+    min_room_pct: float = Field(
+        default=20.0, ge=0.0, le=100.0,
+        description="A node has room for work when it is at least this far below the node "
+                    "range's upper exit (default 75 - 20 = 55 %).")
 
     @model_validator(mode="after")
     def _pool_range_ordered(self) -> Args:
@@ -45,6 +56,26 @@ def pool_in_range(obs: NodeObservation, args: Args) -> bool:
     return pool is not None and args.pool_low <= pool <= args.pool_high
 
 
+def counterpart(obs: NodeObservation, side: Side, args: Args) -> tuple[str | None, str]:
+    """(why moving work cannot help, None if it can; what the other end of the move is)."""
+    spread = obs.spread or PoolSpread()
+    if side == "high":
+        if obs.movable_jobs == 0:
+            pinned = (f" ({obs.pinned_jobs} gang, whole-node or do-not-disrupt)"
+                      if obs.pinned_jobs else "")
+            return f"no job on {obs.node_id} can move{pinned}", ""
+        room = spread.least_loaded_other(obs.node_id)
+        limit = args.high_exit - args.min_room_pct
+        if room is None or room.load_pct > limit:
+            return f"no other node is below {limit:g}% to take work", ""
+        return None, (f"{obs.movable_jobs} movable job(s); {room.node_id} at "
+                      f"{room.load_pct:.1f}% has room")
+    busy = spread.busiest_movable_other(obs.node_id)
+    if busy is None or busy.load_pct <= args.high_enter:
+        return f"no node above {args.high_enter:g}% has a job that can move", ""
+    return None, f"{busy.node_id} at {busy.load_pct:.1f}% has work that can move here"
+
+
 def evaluate(
     obs: NodeObservation,
     args: Args,
@@ -57,8 +88,13 @@ def evaluate(
     # Only a node in service can give or take work; any other state ends the episode.
     if obs.state != "up" or not pool_in_range(obs, args):
         return Evaluation(None, [])
-    value = obs.gpu_utilization_pct
+    value = obs.load_pct
     side = band_side(prior.detail if prior else None, value, args)
+    # Where moving work cannot help, the condition is not in force (its hold starts again
+    # once it can); nothing is raised for it.
+    blocked, other_end = counterpart(obs, side, args) if side is not None else (None, "")
+    if blocked is not None:
+        side = None
     state, raise_now = advance(prior, side, obs.observed_at, args.hold_s)
     if state is None or side is None or not raise_now:
         return Evaluation(state, [])
@@ -69,7 +105,8 @@ def evaluate(
         cause=obs.source_event_id,
         evidence=[
             Evidence(
-                metric="node_gpu_utilization_pct", value=value,
+                metric="node_load_pct" if obs.storage_weight else "node_gpu_utilization_pct",
+                value=value,
                 range_low=args.low_enter, range_high=args.high_enter,
                 observed_at=obs.observed_at, source_event_id=obs.source_event_id,
                 detail=short_text(f"{band_detail(side, value, args)}; "
@@ -79,7 +116,8 @@ def evaluate(
                 metric="pool_effective_utilization_pct", value=pool_value,
                 range_low=args.pool_low, range_high=args.pool_high,
                 observed_at=obs.observed_at, source_event_id=obs.source_event_id,
-                detail=short_text(f"pool {obs.pool} inside its range: balancing, not scaling"),
+                detail=short_text(f"pool {obs.pool} inside its range: balancing, not scaling; "
+                                  f"{other_end}"),
             ),
         ],
     )

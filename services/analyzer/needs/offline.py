@@ -19,6 +19,7 @@ from services.analyzer.faults import (
     classify,
     describe,
 )
+from services.analyzer.host import HostArgs, host_only
 from services.analyzer.observation import NodeObservation
 
 NAME: Final = "offline"
@@ -39,6 +40,7 @@ class Args(BaseModel):
         description="A single bad report is never enough to take a node offline.",
     )
     faults: FaultArgs = Field(default_factory=FaultArgs)
+    host: HostArgs = Field(default_factory=HostArgs)
 
 
 def _gpu_evidence(obs: NodeObservation, verdict: FaultVerdict) -> list[Evidence]:
@@ -84,9 +86,12 @@ def detect(
     elif obs.state in ("up", "suspect"):
         verdict = classify(obs.faults, obs.gpus, args.faults,
                            recent_fatal if recent_fatal is not None else obs.recent_fatal)
-        # Faults only recorded (application XIDs, unknown XIDs) never take a node offline.
-        if (len(verdict.counted) <= args.fault_max
-                or obs.consecutive_faulty < args.min_consecutive_reports):
+        # Faults only recorded (application XIDs, unknown XIDs) never take a node offline;
+        # host pressure alone must last longer than a GPU fault.
+        needed = (max(args.min_consecutive_reports, args.host.min_consecutive_reports)
+                  if host_only(c.fault for c in verdict.counted) else
+                  args.min_consecutive_reports)
+        if len(verdict.counted) <= args.fault_max or obs.consecutive_faulty < needed:
             return []
         evidence = [
             Evidence(

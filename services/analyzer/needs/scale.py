@@ -32,9 +32,9 @@ class Args(BandArgs):
 
 def scale_in_blocker(obs: PoolObservation) -> str | None:
     """Why removing capacity is unsafe now (None: it is safe)."""
-    if obs.demand_pct > 0.0:
+    if obs.demand_pct > 0.0 or obs.queued_items > 0:
         # Queued work would need the capacity that scaling in removes.
-        return f"{obs.demand_pct:.1f}% demand queued"
+        return f"{obs.demand_pct:.1f}% demand queued ({obs.queued_detail or 'work queued'})"
     unhealthy = obs.nodes_by_state.get("suspect", 0) + obs.nodes_by_state.get("down", 0)
     if unhealthy:
         # The low figure may be low because nodes are failing, not because work is scarce.
@@ -61,8 +61,9 @@ def evaluate(
     if state is None or side is None or not raise_now:
         return Evaluation(state, [])
     kind = _KIND[side]
+    queued = f" ({obs.queued_detail})" if obs.queued_detail else ""
     detail = (f"{band_detail(side, value, args)}; {obs.gpu_utilization_pct:.1f}% gpu + "
-              f"{obs.demand_pct:.1f}% demand, {obs.nodes_up} nodes up; "
+              f"{obs.demand_pct:.1f}% demand{queued}, {obs.nodes_up} nodes up; "
               f"{held_detail(state, obs.observed_at, args.hold_s)}")
     need = episode_need(
         ids.NEEDS_SCALE, cluster=obs.cluster_id, pool=obs.pool, target=obs.pool, kind=kind,

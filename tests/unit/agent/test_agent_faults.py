@@ -14,13 +14,14 @@ from agent.faults import (
     faults_for_report,
     faults_path,
     inject_into_gpus,
+    inject_into_host,
     job_faults,
     read_faults,
     reports_paused,
     write_faults,
 )
 from agent.fleet import agent_dir, clear_faults, inject_fault
-from schemas.events.v1 import JobInfo
+from schemas.events.v1 import HostMetrics, JobInfo
 
 
 def test_round_trip(tmp_path: Path) -> None:
@@ -156,3 +157,11 @@ def test_fleet_inject_merges_and_clear_removes(tmp_path: Path) -> None:
     assert not faults_path(home).exists()
     assert read_faults(home) == FaultPlan()
     clear_faults(tmp_path, "node-002")  # idempotent
+
+
+def test_the_plan_can_fill_the_disk_and_the_memory() -> None:
+    host = HostMetrics(cpu_pct=5.0, memory_used_mib=100, memory_total_mib=1_000,
+                       disk_used_pct=40.0)
+    assert inject_into_host(FaultPlan(), host) == host
+    full = inject_into_host(FaultPlan(disk_used_pct=97.0, memory_used_pct=99.0), host)
+    assert (full.disk_used_pct, full.memory_used_mib, full.cpu_pct) == (97.0, 990, 5.0)

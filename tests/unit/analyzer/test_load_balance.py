@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import pytest
 from pydantic import ValidationError
 
 from schemas.events.v1 import NodeStateName, OpsNeed
 from services.analyzer.conditions import ConditionState, Evaluation
 from services.analyzer.needs import load_balance
-from services.analyzer.observation import NodeObservation
+from services.analyzer.observation import NodeLoad, NodeObservation, PoolSpread
 from tests.unit.analyzer.timeline import Evaluator, at, node, raised_at, report_id, run
 
 ARGS = load_balance.Args()  # node 20-80 % (exits 25/75), pool 20-80 %, hold 60 s
@@ -22,14 +25,26 @@ def evaluate_with(args: load_balance.Args, dry_run: bool = False) -> Evaluator[N
     return step
 
 
+# A pool where moving work helps at both ends: node-007 runs two movable jobs, node-002 (30 %)
+# has room, node-003 (90 %) runs a movable job.
+SPREAD = PoolSpread(
+    lowest=(NodeLoad(node_id="node-002", load_pct=30.0), NodeLoad(node_id="node-007",
+                                                                   load_pct=50.0)),
+    busiest_movable=(NodeLoad(node_id="node-003", load_pct=90.0),),
+)
+MOVABLE: dict[str, Any] = {"movable_jobs": 2, "spread": SPREAD}
+
+
 def timeline(points: list[Point], args: load_balance.Args = ARGS,
-             dry_run: bool = False) -> list[list[OpsNeed]]:
-    observations = [node(t, util=u, pool_util=p, state=s) for t, u, p, s in points]
+             dry_run: bool = False, **context: Any) -> list[list[OpsNeed]]:
+    observations = [node(t, util=u, pool_util=p, state=s, **(MOVABLE | context))
+                    for t, u, p, s in points]
     return run(evaluate_with(args, dry_run), observations)
 
 
-def kinds(points: list[Point], args: load_balance.Args = ARGS) -> list[tuple[float, str]]:
-    return raised_at(timeline(points, args), [p[0] for p in points])
+def kinds(points: list[Point], args: load_balance.Args = ARGS,
+          **context: Any) -> list[tuple[float, str]]:
+    return raised_at(timeline(points, args, **context), [p[0] for p in points])
 
 
 @pytest.mark.parametrize(
@@ -91,7 +106,7 @@ def test_need_names_the_node_and_both_ranges() -> None:
 
 
 def test_state_records_the_side() -> None:
-    evaluation = load_balance.evaluate(node(0, util=5), ARGS, at(0), None, "analyzer")
+    evaluation = load_balance.evaluate(node(0, util=5, **MOVABLE), ARGS, at(0), None, "analyzer")
     assert evaluation.state == ConditionState(since=at(0), detail="low")
 
 
@@ -121,5 +136,70 @@ def test_args_are_validated(fields: dict[str, object]) -> None:
 def test_default_args() -> None:
     assert load_balance.Args().model_dump() == {
         "low_enter": 20.0, "low_exit": 25.0, "high_enter": 80.0, "high_exit": 75.0,
-        "hold_s": 60.0, "pool_low": 20.0, "pool_high": 80.0,
+        "hold_s": 60.0, "pool_low": 20.0, "pool_high": 80.0, "min_room_pct": 20.0,
     }
+
+
+HOT: list[Point] = [(0, 90, 50, "up"), (61, 90, 50, "up")]
+IDLE: list[Point] = [(0, 5, 50, "up"), (61, 5, 50, "up")]
+
+
+def spread(lowest: Sequence[tuple[str, float]] = (),
+           busy: Sequence[tuple[str, float]] = ()) -> PoolSpread:
+    return PoolSpread(lowest=tuple(NodeLoad(node_id=n, load_pct=v) for n, v in lowest),
+                      busiest_movable=tuple(NodeLoad(node_id=n, load_pct=v) for n, v in busy))
+
+
+@pytest.mark.parametrize(
+    ("points", "context", "expected"),
+    [
+        pytest.param(HOT, {"movable_jobs": 0, "pinned_jobs": 1}, [],
+                     id="a hot node whose only job is gang, whole-node or do-not-disrupt"),
+        pytest.param(HOT, {"movable_jobs": 0}, [], id="a hot node that reports no job"),
+        pytest.param(HOT, {"spread": spread([("node-007", 90), ("node-002", 60)])}, [],
+                     id="a hot node and no other node with room (60 % > 55 %)"),
+        pytest.param(HOT, {"spread": spread([("node-002", 55), ("node-007", 90)])},
+                     [(61, "load_balance")], id="room at exactly 55 %"),
+        pytest.param(HOT, {"spread": spread([("node-007", 90)])}, [],
+                     id="a hot node alone in its pool"),
+        pytest.param(HOT, {"spread": None}, [], id="the pool's spread unknown"),
+        pytest.param(IDLE, {"spread": spread([("node-007", 5)], [("node-003", 85)])},
+                     [(61, "load_balance")], id="an idle node and a hot node with movable work"),
+        pytest.param(IDLE, {"spread": spread([("node-007", 5)], [])}, [],
+                     id="an idle node, hot nodes only with work that cannot move"),
+        pytest.param(IDLE, {"spread": spread([("node-007", 5)], [("node-003", 70)])}, [],
+                     id="an idle node, movable work only on nodes inside the range"),
+        pytest.param(IDLE, {"spread": spread([("node-007", 5)], [("node-007", 95)])}, [],
+                     id="the busiest movable node is the idle node itself (stale index)"),
+    ],
+)
+def test_a_balance_need_only_where_moving_work_helps(
+    points: list[Point], context: dict[str, Any], expected: list[tuple[float, str]]
+) -> None:
+    assert kinds(points, **context) == expected
+
+
+def test_a_blocked_condition_restarts_its_hold_once_work_can_move() -> None:
+    args = ARGS
+    step = evaluate_with(args)
+    blocked = step(node(0, util=90, movable_jobs=0, spread=SPREAD), None)
+    assert blocked == Evaluation(None, [])
+    first = step(node(30, util=90, **MOVABLE), blocked.state)
+    assert first.needs == []
+    assert first.state is not None
+    assert first.state.since == at(30)
+    assert step(node(61, util=90, **MOVABLE), first.state).needs == []
+    assert len(step(node(91, util=90, **MOVABLE), first.state).needs) == 1
+
+
+def test_the_need_names_the_other_end_of_the_move() -> None:
+    [[], [hot]] = timeline(HOT)
+    assert "2 movable job(s); node-002 at 30.0% has room" in hot.evidence[1].detail
+    [[], [idle]] = timeline(IDLE)
+    assert "node-003 at 90.0% has work that can move here" in idle.evidence[1].detail
+
+
+def test_min_room_is_an_argument() -> None:
+    tight = load_balance.Args(min_room_pct=50.0)  # room only below 25 %
+    assert kinds(HOT, tight) == []
+    assert kinds(HOT, tight, spread=spread([("node-002", 20)])) == [(61, "load_balance")]

@@ -116,4 +116,5 @@ def test_default_args() -> None:
         "fault_max": 0, "min_consecutive_reports": 2,
         "faults": {"xid_overrides": {}, "ecc_corrected_max": None, "repeat_threshold": 5,
                    "repeat_window_s": 86_400.0},
+        "host": {"disk_max_pct": 95.0, "memory_max_pct": 95.0, "min_consecutive_reports": 6},
     }

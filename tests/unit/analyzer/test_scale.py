@@ -153,3 +153,21 @@ def test_default_args() -> None:
         "low_enter": 20.0, "low_exit": 25.0, "high_enter": 80.0, "high_exit": 75.0,
         "hold_s": 60.0,
     }
+
+
+def test_no_scale_in_while_work_is_queued_even_without_gpus() -> None:
+    # Queued ops tasks count as items, not GPUs: capacity is not removed under them.
+    step = evaluate_with(scale.Args())
+    low = [pool(t, util=5.0).model_copy(update={"queued_items": 1,
+                                                "queued_detail": "1 ops_tasks"})
+           for t in (0, 61)]
+    assert run(step, low) == [[], []]
+    assert scale.scale_in_blocker(low[0]) == "0.0% demand queued (1 ops_tasks)"
+
+
+def test_a_scale_out_driven_by_demand_names_what_is_queued() -> None:
+    busy = [pool(t, util=50.0, demand=40.0).model_copy(update={
+        "queued_items": 16, "queued_detail": "16 ml_tasks"}) for t in (0, 61)]
+    [[], [need]] = run(evaluate_with(scale.Args()), busy)
+    assert need.kind == "scale_out"
+    assert "50.0% gpu + 40.0% demand (16 ml_tasks)" in need.evidence[0].detail

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 from uuid import NAMESPACE_URL, UUID, uuid5
 
 from schemas.events.v1 import Fault, GpuMetrics, NodeStateName, OpsNeed
@@ -35,14 +35,15 @@ def node(
     fault_count: int | None = None,
     gpus: Sequence[GpuMetrics] = (),
     run: int = 0,
+    **extra: Any,
 ) -> NodeObservation:
-    """A node observation at T0 + `seconds`."""
+    """A node observation at T0 + `seconds` (`extra`: any other field of the observation)."""
     return NodeObservation(
         cluster_id="local", node_id="node-007", pool="train", state=state,
         fault_count=len(faults) if fault_count is None else fault_count, faults=tuple(faults),
         consecutive_faulty=run, gpu_utilization_pct=util, gpus=tuple(gpus),
         observed_at=at(seconds), source_event_id=report_id(seconds),
-        pool_effective_utilization_pct=pool_util,
+        pool_effective_utilization_pct=pool_util, **extra,
     )
 
 

@@ -20,6 +20,7 @@ from bench.fleet_sim import (
     slot_members,
 )
 from bench.trace_replay.figures import Injection, attribute, compressed_env, minute_index
+from bench.trace_replay.philly import busy_jobs
 from bench.trace_replay.traces import (
     BusyAssigner,
     PhillyMinute,
@@ -198,3 +199,14 @@ def test_needs_are_traced_back_to_the_injections_in_their_report() -> None:
     assert found.need_at == {"e0": 101.2, "e1": 101.2, "e2": 111.2}
     assert (found.covered, found.missed, found.untraced) == (["e3"], ["e4"], 1)
     assert found.untraced_nodes == {"d"}
+
+
+@pytest.mark.parametrize(("kind", "movable"), [("whole-node", False), ("movable", True)])
+def test_philly_busy_nodes_report_their_job_and_whether_it_can_move(
+    kind: str, movable: bool
+) -> None:
+    node = SimNode("philly-0001", load_pct=90.0, seq=1, jobs=busy_jobs("philly-0001", kind))
+    report = build_report(node, "c1", "default", 0.5, 1, NOW)
+    [job] = NodeReport.model_validate_json(report.model_dump_json()).jobs
+    assert (job.movable, job.gang, job.whole_node) == (movable, not movable, not movable)
+    assert busy_jobs("philly-0001", "none") == []
