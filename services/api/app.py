@@ -29,7 +29,7 @@ from services.api.forecasting import ForecastCache
 from services.api.publisher import Publisher
 from services.api.routes import alerts as alert_routes
 from services.api.routes import audit as audit_routes
-from services.api.routes import cluster, me, ml, plans, tasks
+from services.api.routes import cluster, maintenance, me, ml, plans, tasks
 from services.api.routes import templates as template_routes
 from services.api.settings import ApiSettings
 from services.scheduler.settings import SchedulerSettings
@@ -125,6 +125,7 @@ def create_api(settings: ApiSettings | None = None) -> FastAPI:
     app.include_router(me.router)
     app.include_router(ml.router)
     app.include_router(alert_routes.router)
+    app.include_router(maintenance.router)
     # Last: the console takes every path no API route matched.
     console = Path(settings.console_dir) if settings.console_dir else CONSOLE_DIR
     app.mount("/", StaticFiles(directory=console, html=True), name="console")

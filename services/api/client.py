@@ -113,6 +113,26 @@ class ApiClient:
                                              json=body)
         return accepted
 
+    # ------------------------------------------------------------ maintenance and rotation
+
+    def maintenance(self, cluster: str | None = None) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = self.call("GET", "/api/maintenance",
+                                                params={"cluster": cluster})["windows"]
+        return found
+
+    def maintenance_change(self, step: str, cluster: str, node: str | None,
+                           reason: str) -> dict[str, Any]:
+        """Start or end (`step`) the maintenance of a cluster or a node (operator)."""
+        window: dict[str, Any] = self.call("POST", f"/api/maintenance/{step}", json={
+            "cluster": cluster, "node": node, "reason": reason})
+        return window
+
+    def rotation(self, step: str, cluster: str, node: str, reason: str) -> dict[str, Any]:
+        """Start (offline) or end (online) the rotation of a node (operator)."""
+        accepted: dict[str, Any] = self.call("POST", f"/api/nodes/{node}/rotation/{step}",
+                                             json={"cluster": cluster, "reason": reason})
+        return accepted
+
     # ------------------------------------------------------------ cluster and templates
 
     def nodes(self, cluster: str | None = None) -> list[dict[str, Any]]:

@@ -22,10 +22,10 @@ from schemas.envelope import Envelope
 from schemas.topics import PARTITIONS, Topic, topic_name
 
 log = logging.getLogger("clusterwarden.api")
-# What the API publishes: operators' controls, the alert announcing a breaker reset, and ML
-# task submissions.
+# What the API publishes: operators' controls, the alert announcing a breaker reset, ML
+# task submissions, and the needs of a node's rotation.
 PUBLISHED: tuple[Topic, ...] = (Topic.OPS_TASK_CONTROL, Topic.OPS_ALERTS,
-                                Topic.ML_TASKS_SUBMITTED)
+                                Topic.ML_TASKS_SUBMITTED, Topic.OPS_NEEDS)
 
 
 class PublishFailed(Exception):

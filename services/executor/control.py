@@ -1,6 +1,7 @@
 """Pure task lifecycle policy: operator controls, and which failures are worth a retry.
 
-Final states are succeeded, failed and terminated; only a failed task can be retried. A
+Final states are succeeded, failed and terminated; only a failed task can be retried, and a
+failed or terminated one restarted (from its first step, under a new epoch). A
 task the executor has not seen yet (still queued at the scheduler) is in state `queued`:
 a pause or a terminate for it is kept and applied when it arrives.
 """
@@ -12,7 +13,7 @@ from typing import Literal
 
 from schemas.events.v1 import StepState, TaskState
 
-ControlAction = Literal["pause", "resume", "retry", "terminate", "jump"]
+ControlAction = Literal["pause", "resume", "retry", "terminate", "jump", "restart"]
 Cause = Literal["rejected", "failed", "timeout", "children_failed", "terminated"]
 
 FINAL_STATES: frozenset[TaskState] = frozenset({"succeeded", "failed", "terminated"})
@@ -99,6 +100,13 @@ def decide_control(
         if state == "failed":
             return Decision(True, "running", "the failed step runs again from its first attempt")
         return _refuse(state, f"only a failed task can be retried; it is {state}")
+
+    if action == "restart":
+        if not seen:
+            return _refuse(state, "the task has not reached the executor")
+        if state in ("failed", "terminated"):
+            return Decision(True, "running", "runs again from its first step under a new epoch")
+        return _refuse(state, f"only a failed or terminated task can be restarted; it is {state}")
 
     if action == "terminate":
         if state in ("running", "paused", "queued"):

@@ -70,9 +70,10 @@ class TaskEvents:
         await self.bus.publish(Topic.OPS_TASKS, child)
 
     async def control_unseen(self, control: TaskControl, task_id: UUID, control_id: str,
-                             state: TaskState, reason: str, *, refused: bool) -> None:
+                             state: TaskState, reason: str, *, refused: bool,
+                             extra: dict[str, Any] | None = None) -> None:
         """A control for a task not received yet: refused, or kept until it arrives."""
-        outputs: dict[str, Any] = {"control": control.action}
+        outputs: dict[str, Any] = {"control": control.action, **(extra or {})}
         if refused:
             outputs["refused"] = True
         else:

@@ -77,12 +77,14 @@ class Patch:
     """The fields an operator's transition sets on a workflow; None leaves a field as is.
 
     `fresh_run` starts the current step over from its first attempt, as run `fresh_run`
-    (no command, no query, no children, no cause, no pause).
+    (no command, no query, no children, no cause, no pause). `epoch` (a restart's) also
+    forgets every step's outputs: the task runs again from nothing, under that epoch.
     """
 
     state: TaskState | None = None
     step: int | None = None
     fresh_run: int | None = None
+    epoch: int | None = None
     cause: str | None = None
     reason: str | None = None
     pause: PauseRequest | None = None
@@ -94,6 +96,8 @@ class Patch:
             out.update(step_state="scheduled", attempt="0", run=str(self.fresh_run),
                        command_id="", query_id="", waiting="0", cause="", reason="",
                        pause="")
+        if self.epoch is not None:
+            out.update(epoch=str(self.epoch), outputs="{}", children_cmd="")
         if self.state is not None:
             out["state"] = self.state
         if self.step is not None:
@@ -271,6 +275,11 @@ class Journal:
 
     async def forget_retry(self, task_id: str) -> None:
         await self.redis.zrem(self.keys.workflow_retries(), task_id)
+
+    async def next_epoch(self) -> int:
+        """A fencing epoch newer than any given so far (the scheduler's counter): a restarted
+        workflow's commands are newer than every command of its earlier runs."""
+        return int(await self.redis.incr(self.keys.epoch()))
 
     async def next_command_seq(self, cluster: str, node_id: str) -> int:
         """Per-node command sequence of a cluster: agents refuse a command not newer than the

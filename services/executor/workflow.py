@@ -295,7 +295,8 @@ class WorkflowCore:
 
     async def finalise(self, task: OpsTask, state: TaskState, previous: TaskState,
                        reason: str, *, cause: str = "", actor: str = SOURCE, run: int = 0,
-                       step: int | None = None, event_key: str | None = None) -> None:
+                       step: int | None = None, event_key: str | None = None,
+                       extra: dict[str, Any] | None = None) -> None:
         """After the journal's final state: locks, the final event, the parent's count."""
         await self.locks.release(str(task.task_id), task.mutex_keys)
         # need_kind and kind ride along so the scheduler's breaker can count the outcome;
@@ -303,6 +304,7 @@ class WorkflowCore:
         outputs: dict[str, Any] = {"need_kind": task.need_kind, "kind": task.kind}
         if cause:
             outputs["cause"] = cause
+        outputs.update(extra or {})
         await self.events.emit(task, state, previous, reason=reason, outputs=outputs, actor=actor,
                                run=run, step=step, event_key=event_key)
         log.info("task %s %s: %s", task.task_id, state, reason)

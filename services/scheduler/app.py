@@ -13,6 +13,7 @@ from services.scheduler.queue import TaskQueue
 from services.scheduler.rate_limit import RateLimiter
 from services.scheduler.safety_store import SafetyStore
 from services.scheduler.settings import SchedulerSettings
+from services.shared.maintenance import MaintenanceStore
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import build_app
 
@@ -26,7 +27,8 @@ def create_app(settings: SchedulerSettings | None = None) -> FastStream:
     scheduler = Scheduler(settings, TaskQueue(redis, keys), EventBus(broker, settings.namespace),
                           BreakerStore(redis, keys, settings.breaker_config),
                           SafetyStore(redis, keys, settings.pool_health_ttl_s),
-                          RateLimiter(redis, keys, settings.rate_per_s, settings.rate_burst))
+                          RateLimiter(redis, keys, settings.rate_per_s, settings.rate_burst),
+                          maintenance=MaintenanceStore(redis, keys))
     subscribe(broker, settings, Topic.OPS_TASKS, "scheduler", scheduler.on_task)
     subscribe(broker, settings, Topic.OPS_TASK_EVENTS, "scheduler-outcomes",
               scheduler.on_task_event)

@@ -1,6 +1,7 @@
 """Scheduler handlers: tasks in, queued; a dispatcher loop hands them to the executor.
 
-Before a claimed task is dispatched it passes, in this order: its breaker, the pool's
+Before a claimed task is dispatched it passes, in this order: maintenance (no window of its
+cluster or of a node it touches; a held task's transitions say which), its breaker, the pool's
 short-circuit, the pool's offline budget (budgeted kinds) and its kind's rate limit
 (rate-limited kinds). All of them key on `task.kind`. A task refused anywhere waits in the
 queue; a place in the budget taken for it is given back if the rate limit then refuses.
@@ -44,6 +45,7 @@ from services.scheduler.safety import Verdict
 from services.scheduler.safety_store import SafetyStore, SafetyUnreadable
 from services.scheduler.settings import SchedulerSettings
 from services.shared.locks import lock_ttl_s
+from services.shared.maintenance import MaintenanceStore, MaintenanceUnreadable
 
 log = logging.getLogger("clusterwarden.scheduler")
 SOURCE = "scheduler"
@@ -136,8 +138,10 @@ class Scheduler:
 
     def __init__(self, settings: SchedulerSettings, queue: TaskQueue, bus: EventBus,
                  breakers: BreakerStore, safety_store: SafetyStore,
-                 rate_limiter: RateLimiter, clock: Clock = now_utc) -> None:
+                 rate_limiter: RateLimiter, clock: Clock = now_utc,
+                 maintenance: MaintenanceStore | None = None) -> None:
         self.settings = settings
+        self.maintenance = maintenance
         self.queue = queue
         self.bus = bus
         self.breakers = breakers
@@ -213,6 +217,8 @@ class Scheduler:
 
     async def _admits(self, task: OpsTask, now_ms: int, tick: Tick) -> bool:
         """Every limit a task must pass before it is dispatched (see the module docstring)."""
+        if not await self._maintenance_admits(task):
+            return False
         breaker = await self._breaker_admits(task, tick)
         if breaker == "refused":
             return False
@@ -232,6 +238,29 @@ class Scheduler:
             # offers the next task a trial instead of waiting out the half-open limit.
             await self.breakers.release_trial(task.cluster_id, self.breaker_of(task),
                                               str(task.task_id))
+        return False
+
+    async def _maintenance_admits(self, task: OpsTask) -> bool:
+        """No maintenance window holds the task; a hold is announced as a `queued` transition
+        naming the window (once per window: published, then remembered; the event's id is
+        fixed, so a second announcement after a crash is the same event)."""
+        if self.maintenance is None:
+            return True
+        try:
+            window = await self.maintenance.holding(task)
+            if window is None:
+                return True
+            noticed = await self.maintenance.noticed(window, str(task.task_id))
+        except MaintenanceUnreadable as err:
+            log.warning("task %s held back: maintenance windows unreadable: %s",
+                        task.task_id, err)
+            return False  # fail closed, like every other limit
+        if not noticed:
+            await self.bus.publish(Topic.OPS_TASK_EVENTS, task_event(
+                task, "queued", "queued", short_text(f"held: {window.describe()}"),
+                self.clock(), f"maintenance:{window.window_id}"))
+            await self.maintenance.mark_noticed(window, str(task.task_id))
+        log.info("task %s held back by %s", task.task_id, window.describe())
         return False
 
     async def _breaker_admits(self, task: OpsTask, tick: Tick) -> BreakerAdmission:

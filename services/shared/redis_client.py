@@ -187,6 +187,15 @@ class Keys:
         """HASH token bucket of disruptive actions of one kind in a cluster."""
         return f"{self.prefix}rate:{cluster}:{kind}"
 
+    def maintenance(self, cluster: str) -> str:
+        """HASH of a cluster's maintenance windows: `*` the cluster's, `node:<id>` a node's
+        (JSON each; services/shared/maintenance.py)."""
+        return f"{self.prefix}maintenance:{cluster}"
+
+    def maintenance_notice(self, window_id: str, task_id: str) -> str:
+        """Set once a window's hold of a task is in the task's transitions."""
+        return f"{self.prefix}maintenance-notice:{window_id}:{task_id}"
+
     def audit_log(self) -> str:
         """STREAM of audited operator actions (hash-chained entries)."""
         return f"{self.prefix}audit"

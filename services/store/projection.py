@@ -101,10 +101,29 @@ def task_view(facts: Sequence[Fact]) -> TaskView:
                     current_step=current_step)
 
 
+def since_restart(log: Sequence[Fact]) -> Sequence[Fact]:
+    """The transitions of the latest run from the first step: after the last restart (an
+    operator's control that ran the task again from nothing), else all of them."""
+    for i in range(len(log) - 1, -1, -1):
+        if _is_restart(log[i]):
+            return log[i:]
+    return log
+
+
+def _is_restart(fact: Fact) -> bool:
+    return fact.outputs.get("control") == "restart" and not fact.outputs.get("refused")
+
+
+def restarted(facts: Sequence[Fact]) -> bool:
+    """Whether an operator restarted the task (its steps then show the latest run only)."""
+    return any(_is_restart(f) for f in facts)
+
+
 def step_views(facts: Sequence[Fact]) -> dict[int, StepView]:
-    """Every step some transition reported a step state for, by index."""
+    """Every step some transition of the latest run reported a step state for, by index (a
+    restart's earlier runs stay in the transitions, not in the steps)."""
     by_step: dict[int, list[Fact]] = {}
-    for fact in ordered(facts):
+    for fact in since_restart(ordered(facts)):
         if fact.step_index is not None and fact.step_state is not None:
             by_step.setdefault(fact.step_index, []).append(fact)
     return {index: _step_view(index, log) for index, log in by_step.items()}

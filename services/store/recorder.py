@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from schemas.events.v1 import OpsTask, TaskEvent
 from services.store.db import Store, fail_closed
 from services.store.models import StepRecord, Task, Transition
-from services.store.projection import Fact, planned_steps, step_views, task_view
+from services.store.projection import Fact, planned_steps, restarted, step_views, task_view
 
 log = logging.getLogger("clusterwarden.store.recorder")
 
@@ -78,7 +78,12 @@ async def record_event(session: AsyncSession, event: TaskEvent) -> bool:
     task.state, task.reason = view.state, view.reason
     task.created_at, task.updated_at = view.created_at, view.updated_at
     task.finished_at, task.current_step = view.finished_at, view.current_step
-    for index, step_view in step_views(facts).items():
+    views = step_views(facts)
+    if restarted(facts):
+        # Steps the latest run has not reached are pending again.
+        for index in steps.keys() - views.keys():
+            _pending(steps[index])
+    for index, step_view in views.items():
         step = steps.get(index)
         if step is None:  # a step event before the plan: a stub step the plan fills in
             step = steps[index] = StepRecord(task_id=event.task_id, index=index)
@@ -88,6 +93,12 @@ async def record_event(session: AsyncSession, event: TaskEvent) -> bool:
         step.started_at, step.ended_at = step_view.started_at, step_view.ended_at
         step.reason = step_view.reason
     return True
+
+
+def _pending(step: StepRecord) -> None:
+    step.state, step.command_id, step.attempts, step.outputs = "pending", None, 0, {}
+    step.started_at = step.ended_at = None
+    step.reason = ""
 
 
 def _fill_plan(session: AsyncSession, task: Task, plan: OpsTask,

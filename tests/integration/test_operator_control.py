@@ -53,7 +53,7 @@ NODES = ["node-001", "node-002", "node-003"]
 # reached first (a clear failure, not a puzzle), as test_console does.
 DRAIN_TIMEOUT_S = 60
 ASKED = "asked the agent for the status"
-Control = Literal["pause", "resume", "retry", "terminate", "jump"]
+Control = Literal["pause", "resume", "retry", "terminate", "jump", "restart"]
 
 
 def task_events(events: Tap) -> list[TaskEvent]:

@@ -7,7 +7,20 @@ from __future__ import annotations
 
 import typer
 
-from warden.cli import alerts, api, breaker, demo, events, fleet, local, ml, nodes, tasks, templates
+from warden.cli import (
+    alerts,
+    api,
+    breaker,
+    demo,
+    events,
+    fleet,
+    local,
+    maintenance,
+    ml,
+    nodes,
+    tasks,
+    templates,
+)
 
 app = typer.Typer(help="ClusterWarden: keeps an ML cluster healthy, balanced and right-sized.",
                   no_args_is_help=True)
@@ -16,7 +29,8 @@ for command in (local.keys, local.topics, events.events, local.up, demo.demo, no
     app.command()(command)
 for name, group in (("fleet", fleet.app), ("breaker", breaker.app), ("tasks", tasks.app),
                     ("templates", templates.app), ("api", api.app), ("ml", ml.app),
-                    ("alerts", alerts.app)):
+                    ("alerts", alerts.app), ("maintenance", maintenance.app),
+                    ("rotation", maintenance.rotation_app)):
     app.add_typer(group, name=name)
 
 

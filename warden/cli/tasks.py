@@ -229,6 +229,8 @@ _control_command("pause", "Pause a task at its next step boundary (operator).")
 _control_command("resume", "Resume a paused task (operator).")
 _control_command("retry", "Retry a failed task from its failed step (operator).")
 _control_command("terminate", "Terminate a task; a running command is cancelled (operator).")
+_control_command("restart", "Run a failed or terminated task again from its first step, "
+                            "under a new epoch (operator).")
 
 
 @app.command("jump")

@@ -123,11 +123,15 @@ class TaskEvent(Envelope):
 
 
 class TaskControl(Envelope):
-    """An operator's intervention on a task."""
+    """An operator's intervention on a task.
+
+    `restart` runs a failed or terminated task again from its first step, under a new epoch
+    and run (new command ids, fresh attempts).
+    """
 
     event_type: Literal["task_control"] = "task_control"
     task_id: UUID
-    action: Literal["pause", "resume", "retry", "terminate", "jump"]
+    action: Literal["pause", "resume", "retry", "terminate", "jump", "restart"]
     step_index: StepIndex | None = None
     actor: Identifier
     reason: Reason

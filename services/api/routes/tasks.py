@@ -1,4 +1,5 @@
-"""Tasks: list and show from the store; pause, resume, retry, terminate and jump as controls."""
+"""Tasks: list and show from the store; pause, resume, retry, terminate, jump and restart as
+controls."""
 
 from __future__ import annotations
 
@@ -172,3 +173,11 @@ async def tasks_terminate(task_id: UUID, body: ControlRequest, request: Request,
 async def tasks_jump(task_id: UUID, body: JumpRequest, request: Request, rt: RuntimeDep,
                      who: Admin) -> ControlAccepted:
     return await control(rt, who, request, task_id, "jump", body.reason, body.step_index)
+
+
+@router.post("/{task_id}/restart", status_code=202, response_model=ControlAccepted,
+             responses=_ACCEPTED,
+             summary="Run a failed or terminated task again from its first step (operator)")
+async def tasks_restart(task_id: UUID, body: ControlRequest, request: Request,
+                        rt: RuntimeDep, who: Operator) -> ControlAccepted:
+    return await control(rt, who, request, task_id, "restart", body.reason)

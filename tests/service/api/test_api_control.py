@@ -63,7 +63,25 @@ async def test_an_admin_jumps_a_failed_task_to_a_step(api: Api) -> None:
     assert (control.action, control.step_index, control.actor) == ("jump", 2, USERS["admin"])
 
 
+@pytest.mark.parametrize("ending", ["failed", "terminated"])
+async def test_an_operator_restarts_a_failed_or_terminated_task(api: Api, ending: Ending) -> None:
+    task = offline_task()
+    await api.record(history(task, ending))
+    response = await api.post(f"/api/tasks/{task.task_id}/restart",
+                              {"reason": "the new firmware is in"})
+    assert response.status_code == 202, response.text
+    accepted = response.json()
+    assert (accepted["action"], accepted["expected_state"]) == ("restart", "running")
+    [control] = await controls(api, 1)
+    assert (control.action, control.step_index, control.actor) == (
+        "restart", None, USERS["operator"])
+    [entry] = await api.audit()
+    assert (entry.action, entry.result) == ("restart", "accepted")
+
+
 @pytest.mark.parametrize(("ending", "action", "body", "why"), [
+    ("running", "restart", {}, "only a failed or terminated task can be restarted; it is "
+                               "running"),
     ("running", "resume", {}, "cannot resume a task that is running: the task is running, "
                               "not paused"),
     ("succeeded", "retry", {}, "only a failed task can be retried; it is succeeded"),

@@ -125,7 +125,8 @@ class Harness:
         """What the scheduler does: take the task's locks, then hand it over."""
         for key in task.mutex_keys:
             await self.redis.set(self.keys.lock(key), str(task.task_id))
-        self.epoch += 1
+        # The scheduler's counter, which a restart's new epoch also comes from.
+        self.epoch = int(await self.redis.incr(self.keys.epoch()))
         await self.executor.on_scheduled(TaskScheduled(
             event_id=uuid4(), source="scheduler", occurred_at=now_utc(), cluster_id=CLUSTER,
             subject=str(task.task_id), task=task, epoch=self.epoch))

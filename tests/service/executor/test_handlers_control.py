@@ -34,7 +34,7 @@ from tests.service.executor.test_handlers import (
 )
 
 OPERATOR = "alice"
-Action = Literal["pause", "resume", "retry", "terminate", "jump"]
+Action = Literal["pause", "resume", "retry", "terminate", "jump", "restart"]
 
 
 
@@ -210,6 +210,52 @@ async def test_jump_from_a_failure_waits_paused_holding_the_locks(harness: Harne
     assert harness.last_command().action.action == "offline_node"
 
 
+# ---------------------------------------------------------------- restart
+
+
+async def test_a_failed_task_restarts_from_its_first_step_under_a_new_epoch(
+    harness: Harness,
+) -> None:
+    task = drain_offline()
+    await harness.dispatch(task)
+    before = await harness.wf(task)
+    await harness.answer(harness.last_command())
+    await harness.answer(harness.last_command(), "failed", "not_drained")
+    assert harness.final(task).state == "failed"
+    restarted = await send(harness, task, "restart")
+    assert (restarted.state, restarted.previous_state, restarted.actor,
+            restarted.step_index) == ("running", "failed", OPERATOR, 0)
+    wf = await harness.wf(task)
+    assert wf.epoch > before.epoch
+    assert (wf.run, wf.step, wf.outputs) == (1, 0, {})
+    assert restarted.outputs == {"control": "restart", "run": 1, "epoch": wf.epoch}
+    again = harness.last_command()
+    assert again.action.action == "drain_node"
+    assert again.command_id == command_id_for(task.task_id, 0, 0, run=1)
+    assert again.epoch == wf.epoch
+    assert await harness.lock_owner(f"node.{NODE}") == str(task.task_id)
+    await harness.answer(again)
+    await harness.answer(harness.last_command())
+    assert harness.final(task).state == "succeeded"
+
+
+async def test_a_terminated_task_restarts_and_a_running_one_is_refused(
+    harness: Harness,
+) -> None:
+    task = drain_offline()
+    await harness.dispatch(task)
+    refused = await send(harness, task, "restart")
+    assert refused.reason == ("refused restart: only a failed or terminated task can be "
+                              "restarted; it is running")
+    await send(harness, task, "terminate")
+    assert await harness.lock_owner(f"node.{NODE}") is None
+    restarted = await send(harness, task, "restart")
+    assert (restarted.state, restarted.previous_state) == ("running", "terminated")
+    assert harness.last_command().action.action == "drain_node"
+    assert await harness.lock_owner(f"node.{NODE}") == str(task.task_id)
+    assert await harness.redis.ttl(harness.keys.workflow(str(task.task_id))) == -1
+
+
 # ---------------------------------------------------------------- terminate
 
 
@@ -257,6 +303,33 @@ async def test_controls_on_a_parent_apply_to_its_open_children(harness: Harness)
     assert (final.state, final.actor, final.outputs["cause"]) == ("terminated", OPERATOR,
                                                                   "terminated")
     assert await harness.lock_owner("job.j2") is None
+
+
+async def test_a_retry_or_restart_of_a_parent_terminates_the_children_it_had(
+    harness: Harness,
+) -> None:
+    parent = make_task(MigrateJobs(pool="default", node_id=NODE))
+    kids = [migrate_child(parent, "j1"), migrate_child(parent, "j2")]
+    new_kids = [migrate_child(parent, "j3")]
+    harness.centre.results = {0: [Waiting(kids), Waiting(new_kids)]}
+    await harness.dispatch(parent)
+    await harness.dispatch(kids[0])
+    await harness.dispatch(kids[1])
+    await harness.answer(harness.last_command())  # kids[1] ends; kids[0] is still open
+    # The parent's wait fails (say its deadline recovery gave up): kids[0] is still open.
+    wf = await harness.wf(parent)
+    await harness.executor.workflow.step_failed(wf, "failed", "centre_error", permanent=True)
+    assert harness.final(parent).state == "failed"
+    await send(harness, parent, "retry")
+    kid0 = harness.final(kids[0])
+    assert (kid0.state, kid0.actor, kid0.outputs["parent_control"],
+            kid0.outputs["parent_task_id"]) == ("terminated", OPERATOR, "retry",
+                                                str(parent.task_id))
+    assert kid0.reason.startswith(f"terminate: via parent {parent.task_id} retry "
+                                  "(superseded)")
+    assert harness.final(kids[1]).state == "succeeded"  # finished: left alone
+    # The step's re-run made new children, which the parent now waits for.
+    assert (await harness.wf(parent)).waiting == 1
 
 
 async def test_a_paused_parent_waiting_for_children_does_not_time_out(

@@ -21,7 +21,8 @@ from schemas.events.v1 import (
 )
 
 START = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
-Ending = Literal["queued", "running", "paused", "failed", "succeeded", "pause_requested"]
+Ending = Literal["queued", "running", "paused", "failed", "succeeded", "pause_requested",
+                 "terminated"]
 
 
 def offline_task(node: str = "node-002", cluster: str = "c1", pool: str = "default",
@@ -85,6 +86,10 @@ def history(task: OpsTask, ending: Ending) -> list[TaskEvent]:
         add("running", "running", "executor", "offline failed: not_drained", 1, "failed")
         add("failed", "running", "executor", "step offline failed: not_drained",
             outputs={"cause": "failed"})
+        return events
+    if ending == "terminated":
+        add("terminated", "running", "bob", "terminate: wrong node",
+            outputs={"cause": "terminated", "control": "terminate"})
         return events
     add("running", "running", "executor", "offline completed", 1, "completed")
     add("running", "running", "executor", "add-capacity skipped: guard does not hold", 2,

@@ -37,6 +37,16 @@ from services.executor.control import (
         ("failed", "failed", "terminate", False, "failed", "the task is already failed"),
         ("succeeded", "completed", "terminate", False, "succeeded",
          "the task is already succeeded"),
+        ("failed", "failed", "restart", True, "running",
+         "runs again from its first step under a new epoch"),
+        ("terminated", "started", "restart", True, "running",
+         "runs again from its first step under a new epoch"),
+        ("running", "started", "restart", False, "running",
+         "only a failed or terminated task can be restarted; it is running"),
+        ("paused", "scheduled", "restart", False, "paused",
+         "only a failed or terminated task can be restarted; it is paused"),
+        ("succeeded", "completed", "restart", False, "succeeded",
+         "only a failed or terminated task can be restarted; it is succeeded"),
     ],
 )
 def test_controls_follow_the_state_machine(
@@ -145,3 +155,9 @@ def test_the_cause_tells_rejections_from_failures_and_timeouts(outcome: str,
 )
 def test_backoff_doubles_up_to_its_cap(attempt: int, delay: float) -> None:
     assert backoff_s(attempt, 1.0, 30.0) == delay
+
+
+def test_a_restart_needs_the_task_at_the_executor() -> None:
+    decision = decide_control("terminated", None, "restart", None, 0, seen=False)
+    assert (decision.allowed, decision.reason) == (False,
+                                                   "the task has not reached the executor")

@@ -130,3 +130,20 @@ def test_planned_steps_split_the_action_from_its_arguments() -> None:
     assert steps[1].action_args == {"pool": "default", "node_id": "node-009", "max_jobs": 64}
     assert steps[1].guard == "node_has_jobs"
     assert planned_steps(story.parent)[0].node_id is None
+
+
+def test_after_a_restart_the_steps_are_the_latest_runs() -> None:
+    first, second, again = uuid4(), uuid4(), uuid4()
+    facts = [fact(1, 0, "created"),
+             fact(2, 1, "running", step=0, step_state="started", command=first),
+             fact(3, 2, "running", step=0, step_state="completed", command=first, mode="d"),
+             fact(4, 3, "running", step=1, step_state="started", command=second),
+             fact(5, 4, "terminated", "running", reason="terminate: wrong node"),
+             # A refused restart changes nothing; the applied one starts the steps over.
+             fact(6, 5, "terminated", "terminated", control="restart", refused=True),
+             fact(7, 6, "running", "terminated", step=0, control="restart", run=1),
+             fact(8, 7, "running", step=0, step_state="started", command=again)]
+    views = step_views(facts)
+    assert set(views) == {0}
+    assert (views[0].state, views[0].command_id, views[0].attempts) == ("started", again, 1)
+    assert task_view(facts).finished_at is None

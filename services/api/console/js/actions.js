@@ -1,4 +1,4 @@
-// Operator interventions: pause, resume, retry, terminate (operator) and jump (admin), each
+// Operator interventions: pause, resume, retry, terminate, restart (operator) and jump (admin), each
 // asking for a reason in a dialog (as acknowledging an alert does, views/alerts.js). The API
 // checks the task's recorded state and answers 409 with the reason when the control is
 // illegal, 403 when the role is missing; both are shown in the dialog, next to the reason the
@@ -30,6 +30,10 @@ export const ACTIONS = {
     label: "Terminate", role: "operator", danger: true,
     states: ["created", "queued", "dispatched", "running", "paused"],
     hint: "Final: a running command is cancelled on its node and the task's locks are released.",
+  },
+  restart: {
+    label: "Restart", role: "operator", states: ["failed", "terminated"],
+    hint: "The task runs again from its first step, under a new epoch; its open children are terminated.",
   },
   jump: {
     label: "Jump…", role: "admin", states: ["paused", "failed"],

@@ -63,6 +63,17 @@ def test_a_pause_is_accepted_and_followed_until_paused(warden: Cli) -> None:
     assert "paused step 2  alice: pause: look first" in result.output
 
 
+@pytest.mark.usefixtures("kafka_bootstrap")
+def test_a_terminated_task_is_restarted(warden: Cli) -> None:
+    task = offline_task()
+    warden.record(history(task, "terminated"))
+    result = warden.run("tasks", "restart", str(task.task_id), "--reason", "fixed the cable",
+                        role="operator")
+    assert result.exit_code == 0, result.output
+    assert f"restart of task {task.task_id} accepted" in result.output
+    assert "expect running; runs again from its first step under a new epoch" in result.output
+
+
 def test_an_illegal_control_exits_1_with_the_reason(warden: Cli) -> None:
     task = offline_task()
     warden.record(history(task, "running"))

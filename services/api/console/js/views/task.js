@@ -1,6 +1,7 @@
 // One task (GET /api/tasks/{id}, every 2 s): its steps as a timeline with commands and results
 // (initial -> target resources), every transition with actor and reason, the evidence of its
-// need, its children, and the actions.
+// need, its children, and the actions (Restart among them, for a failed or terminated task;
+// a restarted task says by whom, and its steps show the latest run).
 
 import { ApiError, get } from "../api.js";
 import { actionButtons } from "../actions.js";
@@ -23,6 +24,16 @@ export function pendingPause(task) {
     else if (control === "resume" || t.state !== "running") pending = null;
   }
   return pending;
+}
+
+/** The latest restart a task had (a transition), or null: its steps are that run's. */
+export function lastRestart(task) {
+  let found = null;
+  for (const t of task.transitions) {
+    const outputs = t.outputs || {};
+    if (outputs.control === "restart" && !outputs.refused) found = t;
+  }
+  return found;
 }
 
 /** Step outputs split into initial -> target pairs (initial_nodes / target_nodes...) and the rest. */
@@ -151,6 +162,7 @@ function childrenTable(task) {
 
 function render(container, task, refresh) {
   const pending = pendingPause(task);
+  const restarted = lastRestart(task);
   const title = [task.kind || task.need_kind || "task", task.target].filter(Boolean).join(" · ");
   container.replaceChildren(
     h("div", { class: "panel" },
@@ -163,6 +175,8 @@ function render(container, task, refresh) {
         h("div", { class: "actions", "data-testid": "task-actions" }, actionButtons(task, refresh, { small: false }))),
       pending ? h("p", { class: "pending-control", "data-testid": "pending-control" },
         `Pause requested by ${pending.actor} ${fmtAgo(pending.occurred_at)}: the task pauses when the running step ends.`) : null,
+      restarted ? h("p", { class: "pending-control", "data-testid": "task-restarted" },
+        `Restarted by ${restarted.actor} ${fmtAgo(restarted.occurred_at)} (run ${restarted.outputs.run ?? "?"}): ${restarted.reason}`) : null,
       h("p", { "data-testid": "task-reason" }, task.reason),
       kv([
         ["Cluster / pool", `${task.cluster_id}${task.pool ? ` / ${task.pool}` : ""}`],
