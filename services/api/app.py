@@ -117,15 +117,9 @@ def create_api(settings: ApiSettings | None = None) -> FastAPI:
     async def healthz() -> JSONResponse:
         return JSONResponse({"status": "ok"})
 
-    app.include_router(tasks.router)
-    app.include_router(template_routes.router)
-    app.include_router(cluster.router)
-    app.include_router(plans.router)
-    app.include_router(audit_routes.router)
-    app.include_router(me.router)
-    app.include_router(ml.router)
-    app.include_router(alert_routes.router)
-    app.include_router(maintenance.router)
+    for routes in (tasks, template_routes, cluster, plans, audit_routes, me, ml, alert_routes,
+                   maintenance):
+        app.include_router(routes.router)
     # Last: the console takes every path no API route matched.
     console = Path(settings.console_dir) if settings.console_dir else CONSOLE_DIR
     app.mount("/", StaticFiles(directory=console, html=True), name="console")
