@@ -11,7 +11,8 @@
 # Environment:
 #   WARDEN_STATE_DIR           state root (default <repo>/.state); binaries in bin/, the
 #                              server's files in alertmanager/
-#   ALERTMANAGER_PORT          default 19093 (not 9093, so a system Alertmanager never collides)
+#   ALERTMANAGER_PORT          default 19095 (not 9093, so a system Alertmanager never collides;
+#                              not 19093, the Kafka controller's port)
 #   ALERTMANAGER_WEBHOOK_URL   optional: every notification (firing and resolved) is also
 #                              POSTed there
 #   ALERTMANAGER_GROUP_WAIT, ALERTMANAGER_GROUP_INTERVAL   default 30s and 5m
@@ -24,7 +25,7 @@ source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/common.sh"
 # v0.28.1: built and run on Go 1.26 from the module proxy.
 ALERTMANAGER_VERSION=v0.28.1
 ALERTMANAGER_HOST=127.0.0.1
-ALERTMANAGER_PORT="${ALERTMANAGER_PORT:-19093}"
+ALERTMANAGER_PORT="${ALERTMANAGER_PORT:-19095}"
 BIN_DIR="${STATE_ROOT}/bin"
 BINARY="${BIN_DIR}/alertmanager-${ALERTMANAGER_VERSION}"
 STATE_DIR="${STATE_ROOT}/alertmanager"

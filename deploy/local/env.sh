@@ -16,6 +16,6 @@ export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:${REDIS_PORT:-16379}/0}"
 # own). The services themselves keep their SQLite default unless DATABASE_URL is set.
 export DATABASE_URL_POSTGRES="${DATABASE_URL_POSTGRES:-postgresql+asyncpg://postgres@127.0.0.1:${POSTGRES_PORT:-15432}/warden}"
 # Alertmanager, started by deploy/local/alertmanager.sh: the alerts service delivers to it.
-export ALERTMANAGER_URL="${ALERTMANAGER_URL:-http://127.0.0.1:${ALERTMANAGER_PORT:-19093}}"
+export ALERTMANAGER_URL="${ALERTMANAGER_URL:-http://127.0.0.1:${ALERTMANAGER_PORT:-19095}}"
 
 unset _warden_repo_root
