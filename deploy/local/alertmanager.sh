@@ -36,6 +36,9 @@ TEMPLATE="${REPO_ROOT}/deploy/alertmanager/alertmanager.yml.in"
 
 READY_TIMEOUT_S=30
 STOP_TIMEOUT_S=10
+# How long start/stop waits for another run of this script (take_lock, common.sh): a
+# first build may take minutes.
+LOCK_WAIT_S=300
 
 usage() {
     printf 'usage: %s {build|start|stop|status}\n' "$0" >&2
@@ -138,20 +141,14 @@ cmd_status() {
     return 1
 }
 
-take_lock() {
-    command -v flock >/dev/null 2>&1 || return 0
-    mkdir -p "${STATE_DIR}"
-    exec 9>"${STATE_DIR}/alertmanager.sh.lock"
-    flock -w 300 9 || die "another alertmanager.sh is still holding its lock"
-}
 
 main() {
     [[ $# -eq 1 ]] || usage
     validate_port ALERTMANAGER_PORT "${ALERTMANAGER_PORT}"
     case "$1" in
-        build) take_lock; cmd_build ;;
-        start) take_lock; cmd_start ;;
-        stop) take_lock; cmd_stop ;;
+        build) take_lock "${LOCK_WAIT_S}"; cmd_build ;;
+        start) take_lock "${LOCK_WAIT_S}"; cmd_start ;;
+        stop) take_lock "${LOCK_WAIT_S}"; cmd_stop ;;
         status) cmd_status ;;
         *) usage ;;
     esac

@@ -48,6 +48,17 @@ kill_hard() {
     while kill -0 "${pid}" 2>/dev/null; do sleep 0.1; done
 }
 
+# Serialises a script's start/stop: two concurrent `start`s would both find the port free and
+# race to bind it. The lock, `$STATE_DIR/$COMPONENT.sh.lock`, is held on fd 9 until the script
+# exits (each daemon is started with fd 9 closed, or it would hold the lock while it runs).
+# Usage: take_lock <seconds to wait for it>
+take_lock() {
+    command -v flock >/dev/null 2>&1 || return 0
+    mkdir -p "${STATE_DIR}"
+    exec 9>"${STATE_DIR}/${COMPONENT}.sh.lock"
+    flock -w "$1" 9 || die "another ${COMPONENT}.sh is still holding ${STATE_DIR}/${COMPONENT}.sh.lock"
+}
+
 # Installs Debian packages with apt-get (root, or passwordless sudo), or stops with the command
 # a person should run. The package index in a fresh container is usually empty, hence
 # `apt-get update` first. Usage: apt_install_or_die <what, for messages> <package>...

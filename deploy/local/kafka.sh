@@ -36,6 +36,8 @@ LIBS_DIR="${REPO_ROOT}/deploy/kafka/target/libs"
 
 READY_TIMEOUT_S=90
 STOP_TIMEOUT_S=30
+# How long start/stop waits for another run of this script (take_lock, common.sh).
+LOCK_WAIT_S=$(( READY_TIMEOUT_S + STOP_TIMEOUT_S ))
 
 
 usage() {
@@ -366,16 +368,6 @@ cmd_status() {
     return 1
 }
 
-# Serialises start/stop/reset: two concurrent `start`s (parallel test sessions, say) would both
-# see no broker, both launch one, and the loser would die on a port bind error. The lock is held
-# on fd 9 until this script exits.
-take_lock() {
-    command -v flock >/dev/null 2>&1 || return 0
-    mkdir -p "${STATE_DIR}"
-    exec 9>"${STATE_DIR}/kafka.sh.lock"
-    flock -w $(( READY_TIMEOUT_S + STOP_TIMEOUT_S )) 9 \
-        || die "another kafka.sh is still holding ${STATE_DIR}/kafka.sh.lock"
-}
 
 cmd_reset() {
     cmd_stop
@@ -391,10 +383,10 @@ main() {
     [[ "${KAFKA_PORT}" != "${KAFKA_CONTROLLER_PORT}" ]] \
         || die "KAFKA_PORT and KAFKA_CONTROLLER_PORT must differ"
     case "$1" in
-        start) take_lock; cmd_start ;;
-        stop) take_lock; cmd_stop ;;
+        start) take_lock "${LOCK_WAIT_S}"; cmd_start ;;
+        stop) take_lock "${LOCK_WAIT_S}"; cmd_stop ;;
         status) cmd_status ;;
-        reset) take_lock; cmd_reset ;;
+        reset) take_lock "${LOCK_WAIT_S}"; cmd_reset ;;
         *) usage ;;
     esac
 }

@@ -39,6 +39,8 @@ RUN_AS=postgres
 
 READY_TIMEOUT_S=60
 STOP_TIMEOUT_S=30
+# How long start/stop waits for another run of this script (take_lock, common.sh).
+LOCK_WAIT_S=$(( READY_TIMEOUT_S + STOP_TIMEOUT_S + 10 ))
 
 
 usage() {
@@ -272,22 +274,13 @@ cmd_status() {
     return 1
 }
 
-# Serialises start/stop: two concurrent `start`s would both find no server and race to initdb
-# and bind the port. The lock is held on fd 9 until this script exits.
-take_lock() {
-    command -v flock >/dev/null 2>&1 || return 0
-    mkdir -p "${STATE_DIR}"
-    exec 9>"${STATE_DIR}/postgres.sh.lock"
-    flock -w $(( READY_TIMEOUT_S + STOP_TIMEOUT_S + 10 )) 9 \
-        || die "another postgres.sh is still holding ${STATE_DIR}/postgres.sh.lock"
-}
 
 main() {
     [[ $# -eq 1 ]] || usage
     validate_port POSTGRES_PORT "${POSTGRES_PORT}"
     case "$1" in
-        start) take_lock; cmd_start ;;
-        stop) take_lock; cmd_stop ;;
+        start) take_lock "${LOCK_WAIT_S}"; cmd_start ;;
+        stop) take_lock "${LOCK_WAIT_S}"; cmd_stop ;;
         status) cmd_status ;;
         *) usage ;;
     esac

@@ -23,6 +23,8 @@ LOG_FILE="${STATE_DIR}/redis.log"
 
 READY_TIMEOUT_S=20
 STOP_TIMEOUT_S=15
+# How long start/stop waits for another run of this script (take_lock, common.sh).
+LOCK_WAIT_S=$(( READY_TIMEOUT_S + STOP_TIMEOUT_S + 10 ))
 
 
 usage() {
@@ -155,15 +157,6 @@ cmd_stop() {
     log "stopped pid ${pid}"
 }
 
-# Serialises start/stop: two concurrent `start`s would both find the port free and race to bind
-# it. The lock is held on fd 9 until this script exits.
-take_lock() {
-    command -v flock >/dev/null 2>&1 || return 0
-    mkdir -p "${STATE_DIR}"
-    exec 9>"${STATE_DIR}/redis.sh.lock"
-    flock -w $(( READY_TIMEOUT_S + STOP_TIMEOUT_S + 10 )) 9 \
-        || die "another redis.sh is still holding ${STATE_DIR}/redis.sh.lock"
-}
 
 cmd_status() {
     local pid
@@ -179,8 +172,8 @@ main() {
     [[ $# -eq 1 ]] || usage
     validate_port REDIS_PORT "${REDIS_PORT}"
     case "$1" in
-        start) take_lock; cmd_start ;;
-        stop) take_lock; cmd_stop ;;
+        start) take_lock "${LOCK_WAIT_S}"; cmd_start ;;
+        stop) take_lock "${LOCK_WAIT_S}"; cmd_stop ;;
         status) cmd_status ;;
         *) usage ;;
     esac
