@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import socket
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -270,21 +271,57 @@ def is_success_of(events: Tap, target: str) -> Callable[[Record], bool]:
     return check
 
 
-def short_drain_templates(directory: Path, drain_timeout_s: float) -> Path:
-    """The built-in templates, with the offline drain's timeout cut to `drain_timeout_s`, so a
-    drain an agent ignores (fault plan `ignore_commands`) keeps a task running for that long."""
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass(frozen=True)
+class ApiSite:
+    """Where a test's API listens and keeps its store: a free port and, unless the test names
+    another database, a SQLite file in its folder."""
+
+    port: int
+    database_url: str
+
+    @classmethod
+    def at(cls, folder: Path, database_url: str | None = None) -> ApiSite:
+        return cls(free_port(), database_url or f"sqlite+aiosqlite:///{folder / 'warden.db'}")
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self, tokens: str) -> dict[str, str]:
+        """The API's settings (and the store's, for every service): `tokens` as API_TOKENS."""
+        return {"DATABASE_URL": self.database_url, "API_HOST": "127.0.0.1",
+                "API_PORT": str(self.port), "API_TOKENS": tokens}
+
+
+def edited_templates(directory: Path, file: str, old: str, new: str) -> Path:
+    """The built-in templates copied into `directory`, with `old` replaced by `new` in `file`
+    (which must contain it: a test never runs on a template it did not mean to change)."""
     from services.templater import templates as builtin_templates
 
     source = Path(builtin_templates.__file__).parent / "templates"
     directory.mkdir(parents=True, exist_ok=True)
     for template in source.glob("*.yaml"):
         text = template.read_text()
-        if template.name == "offline.yaml":
-            drain = 'action: drain_node\n    args: {node_id: "{target}"}\n    timeout_s: 60'
-            assert drain in text
-            text = text.replace(drain, drain.replace("60", f"{drain_timeout_s:g}"))
+        if template.name == file:
+            assert old in text, f"{file} no longer has {old!r}"
+            text = text.replace(old, new)
         (directory / template.name).write_text(text)
     return directory
+
+
+def short_drain_templates(directory: Path, drain_timeout_s: float) -> Path:
+    """The built-in templates, with the offline drain's timeout cut to `drain_timeout_s`, so a
+    drain an agent ignores (fault plan `ignore_commands`) keeps a task running for that long."""
+    drain = 'action: drain_node\n    args: {node_id: "{target}"}\n    timeout_s: 60'
+    return edited_templates(directory, "offline.yaml", drain,
+                            drain.replace("60", f"{drain_timeout_s:g}"))
 
 
 async def alertmanager_groups(base: str, namespace: str) -> list[dict[str, Any]]:

@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from uuid import UUID
 
 import httpx
 import pytest
-from playwright.async_api import Page, async_playwright, expect
+from playwright.async_api import Browser, Page, Playwright, async_playwright, expect
 
 from agent import fleet
 from common.signing import ensure_keypair
@@ -42,6 +42,7 @@ from services.store.db import migrate, open_store
 from services.store.queries import get_task, list_audit
 from tests.integration.harness import (
     SMALL_POOL_SAFETY,
+    ApiSite,
     Tap,
     is_up,
     name,
@@ -71,11 +72,28 @@ WAIT_MS = 60 * MS
 expect.set_options(timeout=WAIT_MS)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+@dataclass
+class Console:
+    """Debian's Chromium, headless, for the console tests: every page waits as long as an
+    `expect` does, and a script error on any page fails the test when the browser closes."""
+
+    browser: Browser
+    errors: list[str] = field(default_factory=list)
+
+    @classmethod
+    async def launch(cls, pw: Playwright, chromium: str) -> Console:
+        return cls(await pw.chromium.launch(executable_path=chromium, headless=True,
+                                            args=["--no-sandbox"]))
+
+    async def page(self) -> Page:
+        page = await self.browser.new_page(viewport={"width": 1440, "height": 900})
+        page.set_default_timeout(WAIT_MS)
+        page.on("pageerror", lambda err: self.errors.append(str(err)))
+        return page
+
+    async def close(self) -> None:
+        assert not self.errors, self.errors
+        await self.browser.close()
 
 
 async def wait_healthy(base: str, timeout_s: float) -> None:
@@ -115,18 +133,15 @@ def events_of(watch: Tap, task_id: UUID) -> list[TaskEvent]:
 async def test_an_operator_pauses_a_running_task_in_the_console(
     kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path, chromium: str
 ) -> None:
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    database_url = f"sqlite+aiosqlite:///{tmp_path / 'warden.db'}"
+    site = ApiSite.at(tmp_path)
+    base, database_url = site.base, site.database_url
     env = stack_env(
         kafka_bootstrap, redis_url, namespace, tmp_path, WARDEN_LOG_LEVEL="INFO",
         AGENT_JOBS="", ANALYZER_ENABLED_NEEDS='["offline"]',
         TEMPLATER_TEMPLATE_DIR=str(short_drain_templates(tmp_path / "templates", DRAIN_TIMEOUT_S)),
         # Agents that ignore commands must not also fail the centre's probes meanwhile.
         COLLECTOR_PROBE_PERIOD_S="3600",
-        DATABASE_URL=database_url,
-        API_HOST="127.0.0.1", API_PORT=str(port),
-        API_TOKENS=f"{OPERATOR_TOKEN}:olivia:operator,{VIEWER_TOKEN}:vic:viewer",
+        **site.env(f"{OPERATOR_TOKEN}:olivia:operator,{VIEWER_TOKEN}:vic:viewer"),
         **SMALL_POOL_SAFETY,
     )
     # Migrated once here: the recorder and the API would otherwise both create the schema of
@@ -141,12 +156,8 @@ async def test_an_operator_pauses_a_running_task_in_the_console(
                            name(Topic.OPS_TASK_EVENTS, namespace)) as watch, \
                     async_playwright() as pw:
                 await wait_healthy(base, 120)
-                browser = await pw.chromium.launch(executable_path=chromium, headless=True,
-                                                   args=["--no-sandbox"])
-                page = await browser.new_page(viewport={"width": 1440, "height": 900})
-                page.set_default_timeout(WAIT_MS)
-                errors: list[str] = []
-                page.on("pageerror", lambda err: errors.append(str(err)))
+                console = await Console.launch(pw, chromium)
+                page = await console.page()
 
                 # Sign in: the token is asked for once and kept in the browser.
                 await page.goto(f"{base}/")
@@ -232,9 +243,7 @@ async def test_an_operator_pauses_a_running_task_in_the_console(
 
                 # A viewer sees the task but may not act on it: the API's 403, in the dialog
                 # (or, where the API names the caller's role, the button is disabled).
-                viewer = await browser.new_page()
-                viewer.set_default_timeout(WAIT_MS)
-                viewer.on("pageerror", lambda err: errors.append(str(err)))
+                viewer = await console.page()
                 await viewer.goto(f"{base}/#/task/{task_id}")
                 await viewer.fill("#token", VIEWER_TOKEN)
                 await viewer.click("#login-button")
@@ -252,8 +261,7 @@ async def test_an_operator_pauses_a_running_task_in_the_console(
                         "needs the operator role")
                 else:
                     assert "operator" in (await resume.get_attribute("title") or "")
-                assert not errors, errors
-                await browser.close()
+                await console.close()
 
             # The store has it paused, by the operator, with the reason; and the audit log
             # holds the accepted pause, the refused one and the viewer's refused resume.

@@ -20,8 +20,8 @@ from playwright.async_api import Locator, Page, async_playwright, expect
 from services.alerts.records import list_alerts
 from services.store.db import migrate, open_store
 from services.store.queries import list_audit
-from tests.integration.harness import services, stack_env
-from tests.integration.test_console import WAIT_MS, free_port, screenshot, wait_healthy
+from tests.integration.harness import ApiSite, services, stack_env
+from tests.integration.test_console import WAIT_MS, Console, screenshot, wait_healthy
 from tests.integration.test_console_ml import dismiss_flash, sign_in
 from tests.service.api.alert_stories import BREAKER, RESOLVED, SHORT_CIRCUIT, record, story
 from warden import launcher
@@ -91,13 +91,11 @@ async def viewer_may_not_acknowledge(page: Page, base: str) -> None:
 async def test_an_operator_acknowledges_an_alert_in_the_console(
     kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path, chromium: str
 ) -> None:
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    database_url = f"sqlite+aiosqlite:///{tmp_path / 'warden.db'}"
+    site = ApiSite.at(tmp_path)
+    base, database_url = site.base, site.database_url
     env = stack_env(
         kafka_bootstrap, redis_url, namespace, tmp_path, WARDEN_LOG_LEVEL="INFO",
-        DATABASE_URL=database_url, API_HOST="127.0.0.1", API_PORT=str(port),
-        API_TOKENS=f"{OPERATOR_TOKEN}:olivia:operator,{VIEWER_TOKEN}:vic:viewer",
+        **site.env(f"{OPERATOR_TOKEN}:olivia:operator,{VIEWER_TOKEN}:vic:viewer"),
     )
     await migrate(database_url)
     store = open_store(database_url)
@@ -105,19 +103,10 @@ async def test_an_operator_acknowledges_an_alert_in_the_console(
         await record(store, story())
         async with services(env, tmp_path, (launcher.API,)), async_playwright() as pw:
             await wait_healthy(base, 120)
-            browser = await pw.chromium.launch(executable_path=chromium, headless=True,
-                                               args=["--no-sandbox"])
-            errors: list[str] = []
-            pages = []
-            for _ in range(2):
-                page = await browser.new_page(viewport={"width": 1440, "height": 900})
-                page.set_default_timeout(WAIT_MS)
-                page.on("pageerror", lambda err: errors.append(str(err)))
-                pages.append(page)
-            await operator_acknowledges(pages[0], base)
-            await viewer_may_not_acknowledge(pages[1], base)
-            assert not errors, errors
-            await browser.close()
+            console = await Console.launch(pw, chromium)
+            await operator_acknowledges(await console.page(), base)
+            await viewer_may_not_acknowledge(await console.page(), base)
+            await console.close()
 
         async with store.session() as session:
             alerts, _ = await list_alerts(session, None, None, 500, 0)

@@ -32,10 +32,10 @@ from agent.ml.data import PIXEL_MAX, digits, split
 from common.signing import ensure_keypair
 from services.shared.registry import register
 from services.store.db import migrate
-from tests.integration.harness import services, stack_env, until
+from tests.integration.harness import ApiSite, services, stack_env, until
 from tests.integration.test_console import (
     WAIT_MS,
-    free_port,
+    Console,
     screenshot,
     wait_healthy,
 )
@@ -81,13 +81,12 @@ async def test_an_ml_task_and_its_decision_in_the_console(
     kafka_bootstrap: str, redis_url: str, namespace: str, database_url: str, tmp_path: Path,
     chromium: str,
 ) -> None:
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
+    site = ApiSite.at(tmp_path, database_url)
+    base = site.base
     env = stack_env(
         kafka_bootstrap, redis_url, namespace, tmp_path, WARDEN_LOG_LEVEL="INFO",
-        AGENT_PEER_PROBES="0", AGENT_JOBS="", DATABASE_URL=database_url,
-        API_HOST="127.0.0.1", API_PORT=str(port),
-        API_TOKENS=f"{OPERATOR_TOKEN}:olivia:operator,{VIEWER_TOKEN}:vic:viewer",
+        AGENT_PEER_PROBES="0", AGENT_JOBS="",
+        **site.env(f"{OPERATOR_TOKEN}:olivia:operator,{VIEWER_TOKEN}:vic:viewer"),
     )
     await migrate(database_url)  # once, before the store and the API both start
     _, public = ensure_keypair(tmp_path / "keys")
@@ -103,12 +102,8 @@ async def test_an_ml_task_and_its_decision_in_the_console(
             await wait_healthy(base, 120)
             await until(lambda: models_ready(base, OPERATOR_TOKEN), 180, "every model ready")
             async with async_playwright() as pw:
-                browser = await pw.chromium.launch(executable_path=chromium, headless=True,
-                                                   args=["--no-sandbox"])
-                page = await browser.new_page(viewport={"width": 1440, "height": 900})
-                page.set_default_timeout(WAIT_MS)
-                errors: list[str] = []
-                page.on("pageerror", lambda err: errors.append(str(err)))
+                console = await Console.launch(pw, chromium)
+                page = await console.page()
 
                 # The operator submits a digit from the ML tasks page.
                 await sign_in(page, base, OPERATOR_TOKEN, "ml")
@@ -197,9 +192,7 @@ async def test_an_ml_task_and_its_decision_in_the_console(
                 await screenshot(page, "models")
 
                 # A viewer sees the task and its decision, and is offered no form.
-                viewer = await browser.new_page(viewport={"width": 1440, "height": 900})
-                viewer.set_default_timeout(WAIT_MS)
-                viewer.on("pageerror", lambda err: errors.append(str(err)))
+                viewer = await console.page()
                 await sign_in(viewer, base, VIEWER_TOKEN, f"mltask/{task_id}")
                 await expect(viewer.get_by_test_id("ml-task-state").locator(".badge")
                              ).to_have_text("succeeded")
@@ -208,7 +201,6 @@ async def test_an_ml_task_and_its_decision_in_the_console(
                 await viewer.click('#nav a[data-route="ml"]')
                 await expect(viewer.locator(f'tr[data-task-id="{task_id}"]')).to_be_visible()
                 await expect(viewer.get_by_test_id("ml-submit-panel")).to_have_count(0)
-                assert not errors, errors
-                await browser.close()
+                await console.close()
         finally:
             fleet.fleet_down(tmp_path)

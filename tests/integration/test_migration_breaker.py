@@ -29,6 +29,7 @@ from services.shared.registry import register
 from services.store.db import migrate, open_store
 from services.store.queries import list_audit
 from tests.integration.harness import (
+    ApiSite,
     Record,
     Tap,
     active_alerts,
@@ -42,7 +43,7 @@ from tests.integration.harness import (
     tap,
     until,
 )
-from tests.integration.test_console import free_port, wait_healthy
+from tests.integration.test_console import wait_healthy
 from warden import launcher
 
 pytestmark = pytest.mark.timeout(600)
@@ -141,14 +142,12 @@ async def test_failed_migrations_open_the_breaker_until_an_audited_reset(
     kafka_bootstrap: str, redis_url: str, alertmanager_url: str, namespace: str,
     tmp_path: Path
 ) -> None:
-    port = free_port()
-    api_url = f"http://127.0.0.1:{port}"
-    database_url = f"sqlite+aiosqlite:///{tmp_path / 'warden.db'}"
+    site = ApiSite.at(tmp_path)
+    api_url, database_url = site.base, site.database_url
     env = stack_env(
         kafka_bootstrap, redis_url, namespace, tmp_path, WARDEN_LOG_LEVEL="INFO",
         # The reset goes through the API, as the admin's token says who they are.
-        DATABASE_URL=database_url, API_HOST="127.0.0.1", API_PORT=str(port),
-        API_TOKENS=f"{ADMIN_TOKEN}:{ADMIN}:admin",
+        **site.env(f"{ADMIN_TOKEN}:{ADMIN}:admin"),
         # Two simulated jobs per node (training and inference): two moves per offline node.
         AGENT_JOBS="sim:train,infer",
         ANALYZER_ENABLED_NEEDS='["offline"]', ANALYZER_POOL_PERIOD_S="1",

@@ -299,9 +299,11 @@ async def test_an_operator_pauses_resumes_and_terminates_running_tasks(
                 await watch_for(watch, max(0.0, DRAIN_TIMEOUT_S + 3.0 - (
                     now_utc() - started_at).total_seconds()))
                 await watch.catch_up()
-                for_node = [c.action.action for c in commands_sent(watch)
-                            if c.node_id == "node-003"]
-                assert for_node == ["drain_node", "cancel"], for_node
+                # The task's own commands (on a loaded machine a late report makes the node
+                # suspect for a moment, and the centre probes it: not the task's doing).
+                for_task = [c.action.action for c in commands_sent(watch)
+                            if c.node_id == "node-003" and c.task_id == doomed]
+                assert for_task == ["drain_node", "cancel"], for_task
                 assert of_task(watch, doomed)[-1].state == "terminated"
                 # The agent ignored both (its fault plan): nothing was done on the node.
                 assert executed_actions(tmp_path, "node-003") == []

@@ -39,8 +39,8 @@ from services.router.registry import NodeModels
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.registry import register
 from services.store.db import migrate
-from tests.integration.harness import name, read_to_end, services, stack_env, until
-from tests.integration.test_console import free_port, wait_healthy
+from tests.integration.harness import ApiSite, name, read_to_end, services, stack_env, until
+from tests.integration.test_console import wait_healthy
 from warden import launcher
 
 CLUSTER = "itest"
@@ -423,12 +423,11 @@ async def read_new_version_choices(consumer: AIOKafkaConsumer) -> list[ModelSele
 
 async def test_a_task_submitted_through_the_api_is_recorded_with_where_it_ran(
         kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path) -> None:
-    port, token = free_port(), "operator-token-0123456789"
-    base = f"http://127.0.0.1:{port}"
-    database_url = f"sqlite+aiosqlite:///{tmp_path / 'warden.db'}"
+    site, token = ApiSite.at(tmp_path), "operator-token-0123456789"
+    base, database_url = site.base, site.database_url
     env = stack_env(kafka_bootstrap, redis_url, namespace, tmp_path, WARDEN_LOG_LEVEL="INFO",
-                    AGENT_PEER_PROBES="0", AGENT_JOBS="", DATABASE_URL=database_url,
-                    API_HOST="127.0.0.1", API_PORT=str(port), API_TOKENS=f"{token}:olivia:operator")
+                    AGENT_PEER_PROBES="0", AGENT_JOBS="",
+                    **site.env(f"{token}:olivia:operator"))
     await migrate(database_url)  # once, before the store and the API both start
     _, public = ensure_keypair(tmp_path / "keys")
     redis, keys = connect_redis(redis_url), Keys(namespace)
