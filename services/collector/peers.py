@@ -99,10 +99,16 @@ class PeerStore:
                 continue
         return found
 
-    async def told(self, cluster: str) -> dict[str, Told]:
-        raw = await self.redis.hgetall(self.keys.peer_assigned(cluster))
-        return {text(node): told for node, value in raw.items()
-                if (told := _told(value)) is not None}
+    async def told(self, cluster: str, nodes: Sequence[str] | None = None) -> dict[str, Told]:
+        """What each node (of `nodes`, else every node) was last told."""
+        key = self.keys.peer_assigned(cluster)
+        raw: dict[str, bytes | str | None]
+        if nodes is None:
+            raw = {text(n): v for n, v in (await self.redis.hgetall(key)).items()}
+        else:
+            # Only the nodes of one batch of reports: never the whole cluster per batch.
+            raw = dict(zip(nodes, await self.redis.hmget(key, list(nodes)), strict=True))
+        return {node: told for node, value in raw.items() if (told := _told(value)) is not None}
 
     async def mark_told(self, cluster: str, node: str, told: Told) -> None:
         await self.redis.hset(self.keys.peer_assigned(cluster), node,
@@ -159,7 +165,7 @@ class PeerWatch:
             if report.probe_address is not None and report.peer_probes:
                 by_cluster.setdefault(report.cluster_id, []).append(report)
         for cluster, listed in by_cluster.items():
-            told = await self.store.told(cluster)
+            told = await self.store.told(cluster, [r.node_id for r in listed])
             stale = [r.node_id for r in listed
                      if (t := told.get(r.node_id)) is not None
                      and now_s - t.sent_at >= RETELL_AFTER_S
