@@ -87,8 +87,9 @@ class AgentSettings(ServiceSettings):
     @model_validator(mode="after")
     def _advertised_host(self) -> AgentSettings:
         host = self.advertised_probe_host()
-        # Checked as a whole address (any valid port): what peers will be told to connect to.
-        check_probe_address(f"{host}:1")
+        # Checked as a whole address (any valid port): what peers will be told to connect to;
+        # an IPv6 host goes in brackets there.
+        check_probe_address(f"[{host}]:1" if ":" in host else f"{host}:1")
         return self
 
     def advertised_probe_host(self) -> str:

@@ -175,8 +175,9 @@ class Collector:
         """The reports (by event id) whose node its peers find cut off, with why."""
         if self.peers is None:
             return {}
+        # A redelivered report (replay) is judged again, so its sample says what it said.
         fresh = [u.report for u, result in zip(usable, applied, strict=True)
-                 if result.outcome == "ok"]
+                 if result.outcome in ("ok", "replay")]
         if not fresh:
             return {}
         judged = await self.peers.observe(fresh, now)
@@ -230,10 +231,12 @@ class Collector:
                 reason += f"; agent dead: {judgement.detail()}"
         previous = await self.store.mark_silent(cluster, row, state, next_check,
                                                 policy.HEARTBEAT_TRACKED_STATES)
-        if (previous is None and agent_dead and row.state in policy.HEARTBEAT_TRACKED_STATES
-                and self.peers is not None and await self.peers.store.first_agent_death(
-                    cluster, row.node_id, row.last_report_at, settings.stale_after_s * 6)):
-            previous = cast(NodeStateName, row.state)  # still suspect, but now agent dead
+        if agent_dead and self.peers is not None:
+            # Said once per silence, whether or not the state itself changed now.
+            first = await self.peers.store.first_agent_death(
+                cluster, row.node_id, row.last_report_at, settings.stale_after_s * 6)
+            if previous is None and first and row.state in policy.HEARTBEAT_TRACKED_STATES:
+                previous = cast(NodeStateName, row.state)  # still suspect, now agent dead
         if previous is None:
             return None
         if state == "suspect" and not agent_dead and self.probes is not None:

@@ -149,8 +149,11 @@ def test_settings_refuse_to_advertise_a_wildcard() -> None:
     assert settings().advertised_probe_host() == "127.0.0.1"
     assert settings(probe_host="0.0.0.0",
                     probe_advertise="10.1.2.3").advertised_probe_host() == "10.1.2.3"
+    assert settings(probe_host="::1").advertised_probe_host() == "::1"
     with pytest.raises(ValidationError):
         settings(probe_host="0.0.0.0")
+    with pytest.raises(ValidationError):
+        settings(probe_host="::")
     with pytest.raises(ValidationError):
         settings(probe_advertise="not a host")
 
