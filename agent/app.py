@@ -75,9 +75,11 @@ class Agent:
         self._jobs: JobRunner | None = None
         self.models = ModelServer(settings.model_names(), settings.model_max_concurrency)
         self._load_task: asyncio.Task[None] | None = None
-        self._listener = EchoListener(self.state_dir, settings.probe_port)
+        self._listener = EchoListener(self.state_dir, settings.probe_port, settings.probe_host,
+                                      settings.probe_advertise, cut_off=self._cut_off)
         self._peers = PeerProber(settings.node_id, self.state_dir.parent,
-                                 count=settings.peer_probes, timeout_s=settings.probe_timeout_s)
+                                 count=settings.peer_probes, timeout_s=settings.probe_timeout_s,
+                                 cut_off=self._cut_off)
         self._stop = asyncio.Event()
         # Set on stop and after every command, so a changed interval takes effect at once.
         self._wake = asyncio.Event()
@@ -115,6 +117,7 @@ class Agent:
                             stop_timeout_s=settings.job_stop_timeout_s),
             models=self.models,
             publish=self._publish_later,
+            set_peers=self._peers.assign,
         )
         # Seeded by the node's name, so a node's simulated GPUs look the same every run.
         seed = zlib.crc32(f"{settings.cluster_id}/{settings.node_id}".encode())
@@ -129,6 +132,7 @@ class Agent:
             journal=journal,
             jobs=jobs,
             peer_probes=self._peers.latest,
+            probe_address=self._listener.advertised,
             models=self.models.served,
         )
         jobs.reconcile(journal.mode, read_faults(self.state_dir))
@@ -136,6 +140,10 @@ class Agent:
                  "jobs %r, checkpoint store %s", settings.node_id, settings.cluster_id,
                  settings.pool, self.state_dir, journal.mode, self._reporter.interval_s,
                  settings.jobs, store.root / store.cluster)
+
+    def _cut_off(self) -> bool:
+        """The fault plan's partition from the node's peers."""
+        return read_faults(self.state_dir).partitioned
 
     @property
     def interval_s(self) -> float:

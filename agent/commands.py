@@ -18,7 +18,7 @@ import asyncio
 import json
 import logging
 import sqlite3
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from functools import partial
 from uuid import UUID, uuid4
@@ -49,9 +49,11 @@ from schemas.events.v1 import (
     OfflineNode,
     OnlineNode,
     OutputValue,
+    Peer,
     ProbeNode,
     QueryStatus,
     RunInference,
+    SetPeers,
     SetReportInterval,
     SetResources,
     StartJob,
@@ -91,9 +93,10 @@ def check_window(
 # nor advance seq and epoch.
 # run_inference (the router's, many a second) is one of them: it changes nothing on the node,
 # and the router and the executor would otherwise race for the node's sequence numbers.
+# set_peers (the collector's absolute list of peers to probe) is one too.
 UNORDERED_ACTIONS: frozenset[str] = frozenset({"probe_node", "query_status",
                                                "set_report_interval", "cancel",
-                                               "run_inference"})
+                                               "run_inference", "set_peers"})
 
 
 def fence_of(action: Action) -> str:
@@ -211,6 +214,7 @@ class CommandExecutor:
         models: ModelServer | None = None,
         inference_journal: InferenceJournal | None = None,
         publish: Callable[[CommandResult], Awaitable[None]] | None = None,
+        set_peers: Callable[[list[Peer]], Mapping[str, object]] | None = None,
         clock: Clock = now_utc,
     ) -> None:
         self.node_id = node_id
@@ -229,6 +233,8 @@ class CommandExecutor:
                                   keep_at_least_s=replay_window_s(max_ttl_s, leeway_s))))
         # Where the result of a long action goes when it ends (the agent publishes it).
         self.publish = publish
+        # Where the centre's peer assignment goes (the agent's prober checks it again).
+        self.set_peers = set_peers
         self.clock = clock
         self.source = f"agent-{node_id}"[:IDENTIFIER_MAX]
         self._running: dict[UUID, asyncio.Task[CommandResult]] = {}
@@ -323,8 +329,23 @@ class CommandExecutor:
             return self._decide_cancel(action)
         if isinstance(action, RunInference):
             return self.inference.decide(action, mode, command_id)
+        if isinstance(action, SetPeers):
+            return self._decide_peers(action)
         queried = self.cached_result(action.command_id) if isinstance(action, QueryStatus) else None
         return decide(action, mode, queried, interval_s, self.jobs)
+
+    def _decide_peers(self, action: SetPeers) -> Effect:
+        set_peers = self.set_peers
+        if set_peers is None:
+            return Effect("failed", "not_supported")
+        listed = len(action.peers)
+
+        def assign() -> Effect:
+            taken = len(set_peers(list(action.peers)))
+            return Effect("succeeded", outputs={"peers": taken, "refused": listed - taken})
+
+        return Effect("succeeded", outputs={"peers": listed}, apply=assign,
+                      plan=f"probe the {listed} peer(s) the centre assigned")
 
     def _decide_cancel(self, action: Cancel) -> Effect:
         target = action.command_id

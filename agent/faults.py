@@ -67,6 +67,9 @@ class FaultPlan(BaseModel):
         default=None, description="Report the disk this full instead of what psutil reads.")
     memory_used_pct: Annotated[float, Field(ge=0.0, le=100.0)] | None = Field(
         default=None, description="Report host memory this full instead of what psutil reads.")
+    partitioned: bool = Field(
+        default=False, description="Reports go on, but the node is cut off from its peers: "
+        "its probe listener drops their probes and its own probes of them fail.")
     model_faults: list[ModelFault] = Field(
         default_factory=list, max_length=16,
         description="Served models that fail or slow down (the first that applies counts).")

@@ -6,6 +6,7 @@ Layout under a fleet's state directory:
     agents/<node>/journal.sqlite3
     agents/<node>/jobs.json      the jobs the node owns (see agent.jobs.table)
     agents/<node>/probe.addr     its peer-probe listener (see agent.peers)
+    agents/<node>/launch.json    how it was started, so `restart_agent` can start it again
     agents/<node>/jobs/<job>/    status.json, checkpoint.npz, job.pid, job.log of a job
     checkpoints/<job>/           checkpoint.npz, meta.json: the shared checkpoint store
                                  (AGENT_CHECKPOINT_STORE) migrations go through
@@ -18,6 +19,7 @@ only those migrated to it).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -37,6 +39,9 @@ from agent.settings import CHECKPOINTS_DIR
 log = logging.getLogger("clusterwarden.agent.fleet")
 
 PID_FILE = "agent.pid"
+LAUNCH_FILE = "launch.json"
+# What a launch record keeps of an agent's environment: its own settings, not the machine's.
+_LAUNCH_ENV_PREFIXES = ("AGENT_", "WARDEN_")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 AGENT_ARGV = ("-m", "agent")
 JOB_MODULE_PREFIX = b"agent.ml."
@@ -298,11 +303,57 @@ def start_agent(
             start_new_session=True,
         )
     _children[process.pid] = process
+    _write_launch(home, {
+        "gpus": gpus, "cluster_id": cluster_id, "namespace": namespace,
+        "interval_s": interval_s, "pool": pool, "jobs": jobs, "probe_port": probe_port,
+        "models": models, "trusted_keys": [str(Path(p).resolve()) for p in trusted_keys],
+        "env": {k: v for k, v in child_env.items() if k.startswith(_LAUNCH_ENV_PREFIXES)},
+    })
     tmp = pid_path(state_dir, node_id).with_suffix(".tmp")
     tmp.write_text(f"{process.pid}\n")
     tmp.replace(pid_path(state_dir, node_id))
     log.info("started agent %s as pid %d (log %s)", node_id, process.pid, logs)
     return AgentProcess(node_id, process.pid, home, logs)
+
+
+def _write_launch(home: Path, record: dict[str, Any]) -> None:
+    """Keep how an agent was started (owner-only: it holds the agent's environment)."""
+    tmp = home / f".{LAUNCH_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(record, sort_keys=True) + "\n")
+    tmp.chmod(0o600)
+    tmp.replace(home / LAUNCH_FILE)
+
+
+def read_launch(state_dir: Path, node_id: str) -> dict[str, Any] | None:
+    """The launch record of a node's agent; None if it was never started here."""
+    try:
+        record: dict[str, Any] = json.loads(
+            (agent_dir(state_dir, node_id) / LAUNCH_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def restart_agent(state_dir: Path, node_id: str, env: Mapping[str, str],
+                  timeout_s: float = 15.0) -> AgentProcess | None:
+    """Start a node's agent again as it was started before; None if it never was here.
+
+    An agent still running (hung: alive, but not reporting) is stopped first. `env` is the
+    machine's environment (broker, paths); the agent's own settings come from its record.
+    """
+    record = read_launch(state_dir, node_id)
+    if record is None:
+        return None
+    stop_agent(state_dir, node_id, timeout_s)
+    return start_agent(
+        node_id, gpus=int(record["gpus"]), cluster_id=str(record["cluster_id"]),
+        namespace=str(record["namespace"]), state_dir=state_dir,
+        env={**env, **record.get("env", {})},
+        trusted_keys=[Path(p) for p in record.get("trusted_keys", [])],
+        interval_s=float(record["interval_s"]), pool=str(record.get("pool", "default")),
+        jobs=record.get("jobs"), probe_port=record.get("probe_port"),
+        models=record.get("models"),
+    )
 
 
 def fleet_up(

@@ -1,7 +1,10 @@
-"""Peer probes: each agent answers a TCP echo on 127.0.0.1 and probes a few of its peers.
+"""Peer probes: each agent answers a TCP echo and probes a few of its peers.
 
-An agent writes its listener's address to `<state dir>/probe.addr`; its peers are the
-sibling state directories of the fleet (`<WARDEN_STATE_DIR>/agents/*`). A peer whose agent
+The listener binds to AGENT_PROBE_HOST (127.0.0.1 unless told otherwise) and the agent
+advertises where it answers (AGENT_PROBE_ADVERTISE, else the bound host) in every report.
+The collector assigns each node its peers with their advertised addresses (a signed
+`set_peers` command); until one arrives, and on a single host, the peers are the sibling
+state directories of the fleet (`<WARDEN_STATE_DIR>/agents/*/probe.addr`). A peer whose agent
 is alive answers, even when the fault plan keeps it silent; a killed agent does not.
 """
 
@@ -14,11 +17,12 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from agent.settings import IDENTIFIER_PATTERN
-from schemas.events.v1 import PeerProbe
+from common.ring import successors
+from schemas.events.v1 import MAX_PEERS, Peer, PeerProbe, check_probe_address
 
 log = logging.getLogger("clusterwarden.agent.peers")
 
@@ -27,10 +31,25 @@ LOOPBACK = "127.0.0.1"
 NONCE_BYTES = 16
 ECHO_LIMIT = 1_024  # a probe is 32 bytes; anything longer is not one of ours
 ECHO_IDLE_S = 5.0
-MAX_PEERS = 16  # the schema's bound on NodeReport.peer_probes
 MAX_RTT_MS = 600_000.0
 
 Address = tuple[str, int]
+
+
+def format_address(address: Address) -> str:
+    """`host:port`, an IPv6 host in brackets (as a report's probe_address has it)."""
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def parse_address(text: str) -> Address | None:
+    """A `host:port` (strictly checked) as something to connect to; None if it is not one."""
+    try:
+        check_probe_address(text)
+    except ValueError:
+        return None
+    host, _, port = text.rpartition(":")
+    return host.strip("[]"), int(port)
 
 
 def write_probe_addr(state_dir: Path, address: Address) -> Path:
@@ -38,7 +57,7 @@ def write_probe_addr(state_dir: Path, address: Address) -> Path:
     state_dir.mkdir(parents=True, exist_ok=True)
     path = state_dir / PROBE_FILE
     tmp = path.with_name(f".{PROBE_FILE}.{os.getpid()}.tmp")
-    tmp.write_text(f"{address[0]}:{address[1]}\n")
+    tmp.write_text(f"{format_address(address)}\n")
     tmp.replace(path)
     return path
 
@@ -46,13 +65,29 @@ def write_probe_addr(state_dir: Path, address: Address) -> Path:
 def read_probe_addr(path: Path) -> Address | None:
     """The address in a probe.addr file; None if it is missing or not an address."""
     try:
-        host, _, port = path.read_text().strip().rpartition(":")
-        number = int(port)
-    except (OSError, ValueError):
+        return parse_address(path.read_text().strip())
+    except OSError:
         return None
-    if not host or not 0 < number < 65_536:
-        return None
-    return host, number
+
+
+def assigned_peers(node_id: str, peers: Sequence[Peer]) -> dict[str, Address]:
+    """The centre's list as peers to probe: checked again here, whatever the centre sent.
+
+    Only valid ids other than this node, each once, with a valid address, and never more
+    than the schema's bound: an agent must not become a scanner of arbitrary addresses
+    because of one bad list.
+    """
+    pattern = re.compile(IDENTIFIER_PATTERN)
+    chosen: dict[str, Address] = {}
+    for peer in peers:
+        address = parse_address(peer.address)
+        if (peer.node_id == node_id or peer.node_id in chosen or address is None
+                or not pattern.fullmatch(peer.node_id)):
+            continue
+        chosen[peer.node_id] = address
+        if len(chosen) == MAX_PEERS:
+            break
+    return chosen
 
 
 def discover_peers(agents_dir: Path, node_id: str) -> dict[str, Address | None]:
@@ -69,13 +104,7 @@ def discover_peers(agents_dir: Path, node_id: str) -> dict[str, Address | None]:
 
 def choose_peers(node_id: str, nodes: Sequence[str], count: int) -> list[str]:
     """Up to `count` peers: the ones after `node_id` in sorted order, wrapping around."""
-    others = sorted(set(nodes) - {node_id})
-    if count <= 0 or not others:
-        return []
-    # Each node watches its successors, so every node is watched by about `count` others.
-    start = sum(1 for other in others if other < node_id)
-    ring = others[start:] + others[:start]
-    return ring[: min(count, MAX_PEERS)]
+    return successors(node_id, nodes, min(count, MAX_PEERS))
 
 
 async def probe_peer(peer: str, address: Address | None, timeout_s: float) -> PeerProbe:
@@ -106,30 +135,43 @@ async def probe_peer(peer: str, address: Address | None, timeout_s: float) -> Pe
 
 
 class EchoListener:
-    """The agent's side of its peers' probes: echo what arrives, then close."""
+    """The agent's side of its peers' probes: echo what arrives, then close.
 
-    def __init__(self, state_dir: Path, port: int = 0, host: str = LOOPBACK) -> None:
+    `address` is where peers are told to connect: the advertised host (else the bound one)
+    and the bound port.
+    """
+
+    def __init__(self, state_dir: Path, port: int = 0, host: str = LOOPBACK,
+                 advertise: str = "", cut_off: Callable[[], bool] = lambda: False) -> None:
         self.state_dir = state_dir
         self.host = host
         self.port = port
+        self.advertise = advertise
+        # The fault plan's partition: probes arrive, and are dropped unanswered.
+        self.cut_off = cut_off
         self.address: Address | None = None
         self._server: asyncio.Server | None = None
 
     async def start(self) -> Address:
-        """Listen, and publish the address in probe.addr."""
+        """Listen, and publish the advertised address in probe.addr."""
         if self._server is None:
             self._server = await asyncio.start_server(self._echo, self.host, self.port)
             host, port = self._server.sockets[0].getsockname()[:2]
-            self.address = (str(host), int(port))
+            self.address = (self.advertise or str(host), int(port))
             write_probe_addr(self.state_dir, self.address)
-            log.info("peer-probe listener on %s:%d", *self.address)
+            log.info("peer-probe listener on %s:%d, advertised as %s", host, port,
+                     format_address(self.address))
         assert self.address is not None
         return self.address
+
+    def advertised(self) -> str | None:
+        """The report's probe_address: None until the listener runs."""
+        return None if self.address is None else format_address(self.address)
 
     async def _echo(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         echoed = 0
         try:
-            while echoed < ECHO_LIMIT:
+            while echoed < ECHO_LIMIT and not self.cut_off():
                 async with asyncio.timeout(ECHO_IDLE_S):
                     data = await reader.read(ECHO_LIMIT - echoed)
                 if not data:
@@ -160,24 +202,50 @@ class PeerProber:
     """Probes a few peers concurrently; the report carries the latest round's results."""
 
     def __init__(
-        self, node_id: str, agents_dir: Path, *, count: int = 3, timeout_s: float = 1.0
+        self, node_id: str, agents_dir: Path, *, count: int = 3, timeout_s: float = 1.0,
+        cut_off: Callable[[], bool] = lambda: False,
     ) -> None:
         self.node_id = node_id
+        self.cut_off = cut_off
         self.agents_dir = agents_dir
         self.count = count
         self.timeout_s = timeout_s
         self._latest: list[PeerProbe] = []
+        # The centre's assignment, once it sent one: it replaces the local discovery.
+        self._assigned: dict[str, Address] | None = None
 
     def latest(self) -> list[PeerProbe]:
         """The results of the last finished round."""
         return list(self._latest)
 
+    def assign(self, peers: Sequence[Peer]) -> dict[str, Address]:
+        """Probe these peers from the next round on (checked: see `assigned_peers`)."""
+        self._assigned = assigned_peers(self.node_id, peers)
+        log.info("peers assigned by the centre: %s",
+                 ", ".join(f"{n}@{format_address(a)}" for n, a in self._assigned.items())
+                 or "none")
+        return dict(self._assigned)
+
+    @property
+    def assigned(self) -> dict[str, Address] | None:
+        """The centre's assignment in force; None: the local discovery is used."""
+        return None if self._assigned is None else dict(self._assigned)
+
     async def probe_round(
         self, known: Mapping[str, Address | None] | None = None
     ) -> list[PeerProbe]:
         """Probe the chosen peers at once (so a dead one costs one timeout, not several)."""
-        peers = discover_peers(self.agents_dir, self.node_id) if known is None else dict(known)
-        chosen = choose_peers(self.node_id, list(peers), self.count)
+        if known is None and self._assigned is not None:
+            # The centre chose them already (a ring over the cluster): probe them all.
+            peers: dict[str, Address | None] = dict(self._assigned)
+            chosen = list(peers)[:MAX_PEERS]
+        else:
+            peers = (discover_peers(self.agents_dir, self.node_id) if known is None
+                     else dict(known))
+            chosen = choose_peers(self.node_id, list(peers), self.count)
+        if self.cut_off():
+            # A partitioned node cannot reach its peers either (the fault plan says so).
+            peers = dict.fromkeys(chosen)
         results = await asyncio.gather(
             *(probe_peer(peer, peers[peer], self.timeout_s) for peer in chosen)
         )

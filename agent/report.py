@@ -54,6 +54,7 @@ class Reporter:
         journal: Journal,
         jobs: JobSource,
         peer_probes: Callable[[], list[PeerProbe]] = no_peers,
+        probe_address: Callable[[], str | None] = lambda: None,
         models: Callable[[], list[ServedModel]] = no_models,
     ) -> None:
         self.node_id = node_id
@@ -65,6 +66,7 @@ class Reporter:
         self.journal = journal
         self.jobs = jobs
         self.peer_probes = peer_probes
+        self.probe_address = probe_address
         self.models = models
         self.source = f"agent-{node_id}"[:IDENTIFIER_MAX]
 
@@ -123,5 +125,6 @@ class Reporter:
             faults=faults[:MAX_FAULTS],
             jobs=jobs,
             peer_probes=self.peer_probes()[:MAX_PEER_PROBES],
+            probe_address=self.probe_address(),
             models=self.models()[:MAX_MODELS],
         )

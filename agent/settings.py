@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from common.settings import ServiceSettings
+from schemas.events.v1 import check_probe_address
 
 IDENTIFIER_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"
 JOB_NAMES = ("train", "infer")
@@ -64,8 +65,15 @@ class AgentSettings(ServiceSettings):
         default=5.0, gt=0.0, le=300.0, description="SIGTERM to SIGKILL, when jobs are stopped."
     )
     probe_port: int = Field(
-        default=0, ge=0, le=65_535, description="Peer-probe echo port on 127.0.0.1; 0: any."
+        default=0, ge=0, le=65_535, description="Peer-probe echo port; 0: any free one."
     )
+    probe_host: str = Field(
+        default="127.0.0.1", min_length=1, max_length=253,
+        description="The address the peer-probe listener binds to (0.0.0.0: every one).")
+    probe_advertise: str = Field(
+        default="", max_length=253,
+        description="The host peers are told to probe (the report's probe_address); empty: "
+        "the bound host, which must then not be a wildcard.")
     peer_probes: int = Field(default=3, ge=0, le=16, description="Peers probed per round.")
     probe_timeout_s: float = Field(default=1.0, gt=0.0, le=30.0)
     models: str = Field(
@@ -75,6 +83,18 @@ class AgentSettings(ServiceSettings):
     )
     model_max_concurrency: int = Field(
         default=4, ge=1, le=1_024, description="Tasks each served model runs at once.")
+
+    @model_validator(mode="after")
+    def _advertised_host(self) -> AgentSettings:
+        host = self.advertised_probe_host()
+        # Checked as a whole address (any valid port): what peers will be told to connect to;
+        # an IPv6 host goes in brackets there.
+        check_probe_address(f"[{host}]:1" if ":" in host else f"{host}:1")
+        return self
+
+    def advertised_probe_host(self) -> str:
+        """The host peers probe: the advertised one, else the bound one."""
+        return self.probe_advertise or self.probe_host
 
     @field_validator("models")
     @classmethod

@@ -40,6 +40,10 @@ NEEDS_SCALE: Final = _namespace("needs/scale")
 NEEDS_LOAD_BALANCE: Final = _namespace("needs/load_balance")
 """A load-balance need, keyed by its episode (as NEEDS_ONLINE)."""
 
+NEEDS_RESTART_AGENT: Final = _namespace("needs/restart_agent")
+"""A restart-agent need for a silent node its peers reach: `<cluster>:<node>:<source event id>`
+(the agent-dead node-state event)."""
+
 TEMPLATER_TASKS: Final = _namespace("templater")
 """A task made from a need, `task:<need id>:<template>:<version>`, and the task event that
 carries it, `event:<task id>`."""
@@ -91,6 +95,7 @@ __all__ = [
     "NEEDS_LOAD_BALANCE",
     "NEEDS_OFFLINE",
     "NEEDS_ONLINE",
+    "NEEDS_RESTART_AGENT",
     "NEEDS_SCALE",
     "POOL_HEALTH",
     "SHORT_CIRCUIT_ENDS",

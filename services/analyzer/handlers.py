@@ -113,6 +113,7 @@ class Analyzer:
                 cluster_id=event.cluster_id, node_id=event.node_id, pool=event.pool,
                 state=event.state, fault_count=0, observed_at=event.occurred_at,
                 source_event_id=event.event_id, reason=event.reason,
+                agent_dead=event.agent_dead,
             )
         ], from_samples=False)
 

@@ -60,6 +60,8 @@ class NodeObservation(BaseModel):
     observed_at: datetime
     source_event_id: UUID
     reason: str = ""
+    agent_dead: bool = Field(
+        default=False, description="Silent, but its peers reach it (the collector's reading).")
     recent_fatal: dict[int, int] = Field(
         default_factory=dict,
         description="Per GPU, earlier fatal fault episodes within the repeat window.",

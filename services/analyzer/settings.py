@@ -11,6 +11,7 @@ from schemas.ranges import Band, Ranges
 from services.analyzer.needs.load_balance import Args as LoadBalanceArgs
 from services.analyzer.needs.offline import Args as OfflineArgs
 from services.analyzer.needs.online import Args as OnlineArgs
+from services.analyzer.needs.restart_agent import Args as RestartAgentArgs
 from services.analyzer.needs.scale import Args as ScaleArgs
 from services.analyzer.planning import PlanningArgs
 
@@ -23,9 +24,11 @@ class AnalyzerSettings(ServiceSettings):
     )
 
     enabled_needs: list[str] = Field(
-        default_factory=lambda: ["offline", "online", "load_balance", "scale"]
+        default_factory=lambda: ["offline", "restart_agent", "online", "load_balance",
+                                 "scale"]
     )
     offline: OfflineArgs = Field(default_factory=OfflineArgs)
+    restart_agent: RestartAgentArgs = Field(default_factory=RestartAgentArgs)
     online: OnlineArgs = Field(default_factory=OnlineArgs)
     load_balance: LoadBalanceArgs = Field(default_factory=LoadBalanceArgs)
     scale: ScaleArgs = Field(default_factory=ScaleArgs)

@@ -20,7 +20,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from agent import fleet
-from services.capacity.provider import NodeOffer, ProviderContext
+from services.capacity.provider import NodeOffer, NotSupportedError, ProviderContext
 from services.shared.nodes import NodeRecords
 from services.shared.redis_client import Keys, text
 
@@ -54,6 +54,7 @@ return {'new', record}
 
 Starter = Callable[..., fleet.AgentProcess]
 Stopper = Callable[..., bool]
+Restarter = Callable[..., fleet.AgentProcess | None]
 
 
 class LocalProvider:
@@ -77,6 +78,7 @@ class LocalProvider:
         record_ttl_s: int = 7 * 86_400,
         start: Starter = fleet.start_agent,
         stop: Stopper = fleet.stop_agent,
+        restart: Restarter = fleet.restart_agent,
     ) -> None:
         self.redis = redis
         self.keys = keys
@@ -91,6 +93,7 @@ class LocalProvider:
         self.record_ttl_s = record_ttl_s
         self._start = start
         self._stop = stop
+        self._restart = restart
         self._claim = redis.register_script(CLAIM)
         self.nodes = NodeRecords(redis, keys)
 
@@ -187,6 +190,24 @@ class LocalProvider:
                                                   "released": released}),
                              ex=self.record_ttl_s)
         return released
+
+    async def restart_agent(self, cluster: str, node_id: str, request_id: str) -> None:
+        """Start the node's agent again from its state directory (its launch record): any
+        agent this machine's fleet started, standby or not."""
+        request = self.keys.capacity_request(request_id)
+        if await self.redis.get(request) is not None:
+            return  # this request restarted it already: a re-run starts nothing twice
+        started = await asyncio.to_thread(self._restart, self.state_dir, node_id, self.env,
+                                          self.stop_timeout_s)
+        if started is None:
+            raise NotSupportedError(
+                f"node {node_id} was not started from {self.state_dir} (no launch record): "
+                "the local provider cannot restart its agent")
+        await self.redis.set(request, json.dumps({"op": "restart_agent", "node": node_id,
+                                                  "cluster": cluster, "pid": started.pid}),
+                             ex=self.record_ttl_s)
+        log.info("restarted the agent of %s/%s as pid %d (request %s)", cluster, node_id,
+                 started.pid, request_id)
 
     async def owned(self, cluster: str, pool: str) -> list[str]:
         return sorted(text(n) for n in await self.redis.hkeys(

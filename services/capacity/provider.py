@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from common.errors import PermanentError
+
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
@@ -53,6 +55,20 @@ class CapacityProvider(Protocol):
         """The nodes of the pool this provider added and has not released."""
         ...
 
+    async def restart_agent(self, cluster: str, node_id: str, request_id: str) -> None:
+        """Start a node's agent again (the node lives; its agent died or hung).
+
+        Idempotent per `request_id`. Raises NotSupportedError where the provider cannot.
+        """
+        ...
+
+
+class NotSupportedError(PermanentError):
+    """The provider cannot do this at all: retrying will not help."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__("not_supported", detail)
+
 
 @dataclass(frozen=True)
 class ProviderContext:
@@ -87,6 +103,11 @@ class NoneProvider:
 
     async def owned(self, cluster: str, pool: str) -> list[str]:
         return []
+
+    async def restart_agent(self, cluster: str, node_id: str, request_id: str) -> None:
+        raise NotSupportedError(
+            f"the {self.name} capacity provider cannot restart the agent of {node_id}: "
+            "restart it on the node (or configure a provider that can)")
 
 
 def _none(context: ProviderContext) -> CapacityProvider:

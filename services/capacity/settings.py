@@ -41,6 +41,10 @@ class CapacitySettings(ServiceSettings):
         description="How long adding capacity waits for the new nodes to report up "
         "(so the next step can place jobs on them); 0: does not wait.",
     )
+    restart_timeout_s: float = Field(
+        default=60.0, gt=0.0, le=600.0,
+        description="How long a restarted agent has to send its first report before the "
+        "restart_agent step fails (and is retried).")
     checkpoint_timeout_s: float = Field(default=20.0, gt=0.0, le=3_600.0)
     migrate_step_timeout_s: float = Field(default=120.0, gt=0.0, le=86_400.0)
     start_step_timeout_s: float = Field(default=120.0, gt=0.0, le=86_400.0)

@@ -9,6 +9,7 @@ from common.signing import local_signer
 from common.telemetry import setup_telemetry
 from schemas.topics import Topic
 from services.collector.handlers import Collector, Prober
+from services.collector.peers import PeerStore, PeerWatch
 from services.collector.settings import CollectorSettings
 from services.collector.store import NodeStore, ProbeStore
 from services.shared.redis_client import Keys, connect_redis
@@ -27,9 +28,11 @@ def create_app(settings: CollectorSettings | None = None) -> FastStream:
     nodes = NodeStore(redis, keys, settings.require_registration, settings.history_minutes,
                       settings.probe_period_s)
     probes = ProbeStore(redis, keys)
-    prober = Prober(settings, probes, nodes,
-                    local_signer(settings.signing_key, settings.state_dir),
-                    EventBus(broker, settings.namespace))
+    signer = local_signer(settings.signing_key, settings.state_dir)
+    bus = EventBus(broker, settings.namespace)
+    prober = Prober(settings, probes, nodes, signer, bus)
+    peers = PeerWatch(settings, PeerStore(redis, keys, settings.peer_verdict_max_age_s * 2),
+                      signer, bus)
     collector = Collector(
         settings,
         nodes,
@@ -39,6 +42,7 @@ def create_app(settings: CollectorSettings | None = None) -> FastStream:
         telemetry.meter("clusterwarden.collector"),
         probes,
         prober,
+        peers=peers,
     )
     subscribe(broker, settings, Topic.NODE_REPORTS, "collector", collector.on_reports,
               batch_records=settings.batch_max_records)
@@ -47,7 +51,8 @@ def create_app(settings: CollectorSettings | None = None) -> FastStream:
         broker,
         settings,
         loops=[("heartbeat-sweep", settings.sweep_interval_s, collector.sweep_heartbeats),
-               ("probes", settings.sweep_interval_s, prober.tick)],
+               ("probes", settings.sweep_interval_s, prober.tick),
+               ("peers", settings.peer_assign_period_s, collector.assign_peers)],
         starters=[bulk.start],
         closers=[bulk.stop, redis.aclose],
     )

@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 from aiokafka.structs import ConsumerRecord
 from faststream.kafka import KafkaMessage
@@ -34,8 +34,9 @@ from schemas.events.v1 import (
 )
 from schemas.topics import Topic
 from services.collector import policy
+from services.collector.peers import PeerWatch
 from services.collector.settings import CollectorSettings
-from services.collector.store import NodeStore, ProbeStore, epoch_to_datetime
+from services.collector.store import Applied, NodeRow, NodeStore, ProbeStore, epoch_to_datetime
 
 log = logging.getLogger("clusterwarden.collector")
 SOURCE = "collector"
@@ -70,11 +71,13 @@ class Collector:
         probes: ProbeStore | None = None,
         prober: Prober | None = None,
         clock: Clock = now_utc,
+        peers: PeerWatch | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock
         self.probes = probes
         self.prober = prober
+        self.peers = peers
         self.store = store
         self.bus = bus
         self.dead_letters = dead_letters
@@ -122,6 +125,7 @@ class Collector:
             self.settings.suspect_after_intervals)
         samples: list[tuple[int, Sample]] = []
         transitions: list[NodeState] = []
+        cut_off = await self._partitioned(usable, applied, now)
         for u, result in zip(usable, applied, strict=True):
             report, state = u.report, u.state
             outcomes[result.outcome] += 1
@@ -135,12 +139,11 @@ class Collector:
                 continue  # an older report than one already applied: not used for decisions
             sample = u.sample
             if result.failed_probes:
-                probe_fault = Fault(kind="probe_failed", detail=(
-                    f"{result.failed_probes} centre probe(s) in a row unanswered"))
-                sample = sample.model_copy(update={
-                    "faults": [*sample.faults, probe_fault],
-                    "fault_count": sample.fault_count + 1,
-                })
+                sample = with_fault(sample, Fault(kind="probe_failed", detail=(
+                    f"{result.failed_probes} centre probe(s) in a row unanswered")))
+            if u.report.event_id in cut_off:
+                sample = with_fault(sample, Fault(kind="partitioned",
+                                                  detail=cut_off[u.report.event_id]))
             samples.append((u.partition, sample))
             if result.previous != state:
                 transitions.append(
@@ -167,8 +170,28 @@ class Collector:
                  if result.outcome == "ok"], now)
         await self.bus.publish_many(Topic.OPS_NODE_STATE, transitions)
 
+    async def _partitioned(self, usable: list[UsableReport], applied: list[Applied],
+                           now: datetime) -> dict[UUID, str]:
+        """The reports (by event id) whose node its peers find cut off, with why."""
+        if self.peers is None:
+            return {}
+        # A redelivered report (replay) is judged again, so its sample says what it said.
+        fresh = [u.report for u, result in zip(usable, applied, strict=True)
+                 if result.outcome in ("ok", "replay")]
+        if not fresh:
+            return {}
+        judged = await self.peers.observe(fresh, now)
+        quorum = self.peers.quorum
+        return {report.event_id: f"{judgement.detail()} (quorum {quorum})"
+                for report, judgement in zip(fresh, judged, strict=True)
+                if judgement.partitioned(quorum)}
+
     async def sweep_heartbeats(self) -> None:
-        """Nodes that stopped reporting become `suspect`, then `down` after the grace period."""
+        """Nodes that stopped reporting become `suspect`, then `down` after the grace period.
+
+        A silent node its peers still reach is not down: it stays `suspect`, marked
+        agent dead, until they no longer reach it.
+        """
         interval = self.settings.sweep_interval_s
         if not await self.store.try_lock_sweep("heartbeat", interval * 0.9):
             return  # another collector instance sweeps this tick
@@ -177,43 +200,68 @@ class Collector:
             for cluster in await self.store.clusters():
                 changes: list[NodeState] = []
                 for row in await self.store.due_nodes(cluster, now, limit=5_000):
-                    last = epoch_to_datetime(row.last_report_at)
-                    state = policy.heartbeat_state(
-                        (now - last).total_seconds(), row.interval_s,
-                        self.settings.suspect_after_intervals, self.settings.down_after_s,
-                    )
-                    next_check = policy.next_heartbeat_check(
-                        last.timestamp(), row.interval_s, state,
-                        self.settings.suspect_after_intervals, self.settings.down_after_s,
-                    )
-                    if state == "up":
-                        # Not silent long enough (its interval changed): only reschedule.
-                        state = cast(NodeStateName, row.state)
-                    previous = await self.store.mark_silent(
-                        cluster, row, state, next_check, policy.HEARTBEAT_TRACKED_STATES
-                    )
-                    if previous is None:
-                        continue
-                    if state == "suspect" and self.probes is not None:
-                        # The heartbeat side saw silence: ask the node directly, now.
-                        await self.probes.probe_now(cluster, row.node_id, now)
-                    changes.append(
-                        NodeState(
-                            event_id=policy.derived_id("silent", cluster, row.node_id,
-                                                       row.last_report_at, state),
-                            source=SOURCE,
-                            occurred_at=now,
-                            cluster_id=cluster,
-                            subject=row.node_id,
-                            node_id=row.node_id,
-                            pool=row.pool,
-                            state=state,
-                            previous=previous,
-                            reason=f"no report for {(now - last).total_seconds():.1f}s",
-                            last_report_at=last,
-                        )
-                    )
+                    change = await self._silent(cluster, row, now)
+                    if change is not None:
+                        changes.append(change)
                 await self.bus.publish_many(Topic.OPS_NODE_STATE, changes)
+
+    async def _silent(self, cluster: str, row: NodeRow, now: datetime) -> NodeState | None:
+        """One silent node's next state, and its state change if there is one."""
+        settings = self.settings
+        last = epoch_to_datetime(row.last_report_at)
+        silence = (now - last).total_seconds()
+        state = policy.heartbeat_state(silence, row.interval_s,
+                                       settings.suspect_after_intervals, settings.down_after_s)
+        next_check = policy.next_heartbeat_check(
+            last.timestamp(), row.interval_s, state, settings.suspect_after_intervals,
+            settings.down_after_s)
+        if state == "up":
+            # Not silent long enough (its interval changed): only reschedule.
+            state = cast(NodeStateName, row.state)
+        reason = f"no report for {silence:.1f}s"
+        agent_dead = False
+        if state == "down" and self.peers is not None:
+            judgement = await self.peers.judge_silent(cluster, row.node_id, last.timestamp(),
+                                                      now)
+            if judgement.alive(self.peers.quorum):
+                # Its peers reach it: the node is alive, its agent is not. Looked at again
+                # soon: once they stop reaching it, it is down after all.
+                state, agent_dead = "suspect", True
+                next_check = now.timestamp() + row.interval_s * settings.suspect_after_intervals
+                reason += f"; agent dead: {judgement.detail()}"
+        previous = await self.store.mark_silent(cluster, row, state, next_check,
+                                                policy.HEARTBEAT_TRACKED_STATES)
+        if agent_dead and self.peers is not None:
+            # Said once per silence, whether or not the state itself changed now.
+            first = await self.peers.store.first_agent_death(
+                cluster, row.node_id, row.last_report_at, settings.stale_after_s * 6)
+            if previous is None and first and row.state in policy.HEARTBEAT_TRACKED_STATES:
+                previous = cast(NodeStateName, row.state)  # still suspect, now agent dead
+        if previous is None:
+            return None
+        if state == "suspect" and not agent_dead and self.probes is not None:
+            # The heartbeat side saw silence: ask the node directly, now.
+            await self.probes.probe_now(cluster, row.node_id, now)
+        return NodeState(
+            event_id=policy.derived_id("silent", cluster, row.node_id, row.last_report_at,
+                                       "agent_dead" if agent_dead else state),
+            source=SOURCE, occurred_at=now, cluster_id=cluster, subject=row.node_id,
+            node_id=row.node_id, pool=row.pool, state=state, previous=previous,
+            reason=reason, last_report_at=last, agent_dead=agent_dead,
+        )
+
+    async def assign_peers(self) -> None:
+        """Tell the nodes whose peers changed which peers to probe (one instance per tick)."""
+        if self.peers is None or not await self.store.try_lock_sweep(
+                "peers", self.settings.peer_assign_period_s * 0.9):
+            return
+        await self.peers.assign(await self.store.clusters())
+
+
+def with_fault(sample: Sample, fault: Fault) -> Sample:
+    """A sample with one more fault the centre found (its own probe, the peers' verdicts)."""
+    return sample.model_copy(update={"faults": [*sample.faults, fault],
+                                     "fault_count": sample.fault_count + 1})
 
 
 class Prober:

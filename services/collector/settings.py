@@ -40,3 +40,22 @@ class CollectorSettings(ServiceSettings):
     history_minutes: int = Field(
         default=1_440, ge=1, le=100_000, description="Per-node utilisation history kept."
     )
+    peer_count: int = Field(
+        default=3, ge=0, le=16,
+        description="Peers each node is told to probe (a ring over the cluster's nodes); 0: "
+        "the centre assigns none and agents find peers on their own host only.")
+    peer_assign_period_s: float = Field(
+        default=5.0, gt=0.0, le=3_600.0, description="How often assignments are checked.")
+    min_peer_quorum: int = Field(
+        default=2, ge=1, le=16,
+        description="Distinct fresh probers that must agree before peer probes partition a "
+        "node or spare a silent one (one lying node alone never decides).")
+    peer_verdict_max_age_s: float = Field(
+        default=30.0, gt=0.0, le=3_600.0,
+        description="A prober's verdict counts while its report is younger than this.")
+    peer_resend_s: float = Field(
+        default=300.0, gt=0.0, le=86_400.0,
+        description="An unchanged assignment is sent again after this long.")
+    peer_address_max_age_s: float = Field(
+        default=600.0, gt=0.0, le=86_400.0,
+        description="A node silent longer than this is no longer assigned as a peer.")

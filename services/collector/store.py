@@ -297,7 +297,8 @@ return ids
 """
 
 # Ends a probe. An answer (ARGV[1] == 'ok') resets the node's failed-probe count; expiry adds
-# one and keeps the probe among the "late" ones for ten minutes. An answer is judged by when
+# one (unless the node is silent already) and keeps the probe among the "late" ones for ten
+# minutes. An answer is judged by when
 # the node sent it (ARGV[5]), not by when the centre read it: one sent before the deadline
 # but read after it (the centre was behind) still resets the count, so a slow centre does
 # not make healthy nodes look dead. KEYS: pending (id -> deadline), targets (id -> node),
@@ -320,6 +321,13 @@ if target then
   for _, id in ipairs(old) do
     redis.call('HDEL', KEYS[3], id)
     redis.call('ZREM', KEYS[4], id)
+  end
+  -- A node the heartbeat already finds silent (suspect, down) is the heartbeat's case: a
+  -- probe failure counts against a node that reports but does not answer, and must not
+  -- follow a silent node (say, a dead agent restarted) back into service.
+  local state = redis.call('HGET', node, 'state')
+  if state == 'suspect' or state == 'down' then
+    return {target, tonumber(redis.call('HGET', node, 'probe_failures') or '0')}
   end
   return {target, redis.call('HINCRBY', node, 'probe_failures', 1)}
 end

@@ -37,6 +37,7 @@ from schemas.events.v1 import (
     OutputValue,
     ReleaseNode,
     RemoveCapacity,
+    RestartAgent,
     StartJob,
     Step,
     now_utc,
@@ -44,6 +45,7 @@ from schemas.events.v1 import (
 from services.capacity.provider import (
     CapacityProvider,
     NodeOffer,
+    NotSupportedError,
     ProviderContext,
     build_provider,
 )
@@ -138,6 +140,8 @@ class Centre:
             result = await self._migrate_jobs(task, index, action, command_id, dry_run)
         elif isinstance(action, ReleaseNode):
             result = await self._release_node(task, action, command_id, dry_run)
+        elif isinstance(action, RestartAgent):
+            result = await self._restart_agent(task, action, command_id, dry_run)
         else:
             return Failed(f"not_supported: {action.action} is not a centre action",
                           permanent=True)
@@ -258,6 +262,43 @@ class Centre:
         reason = ("stopped and unenrolled" if released
                   else f"not added by the {self.provider.name} provider: left drained")
         return Completed({"released": released, "node": action.node_id, "reason": reason})
+
+    async def _restart_agent(self, task: OpsTask, action: RestartAgent, command_id: UUID,
+                             dry_run: bool) -> CentreResult:
+        """Start the node's agent again, then wait (bounded) for its first report."""
+        cluster, node_id = task.cluster_id, action.node_id
+        before = await self.view.last_report(cluster, node_id)
+        node = await self.view.node(cluster, node_id)
+        if node is not None and node.state == "up":
+            # It came back on its own (or a re-run after the restart): nothing to do.
+            return Completed({"restarted": False, "node": node_id,
+                              "reason": "the node reports again"})
+        if dry_run:
+            return Completed({"dry_run": True, "restarted": False, "would_restart": node_id})
+        try:
+            await self.provider.restart_agent(cluster, node_id, request_id=str(command_id))
+        except NotSupportedError as err:
+            return Failed(short_text(f"not_supported: {err.detail}"), permanent=True)
+        except Exception as err:
+            return _provider_failed("restart_agent", err)
+        if not await self._wait_report(cluster, node_id, before):
+            # Started, not reporting: another attempt restarts it again.
+            return Failed(f"agent_not_reporting: {node_id} sent no report within "
+                          f"{self.settings.restart_timeout_s:.0f}s of its restart",
+                          permanent=False)
+        return Completed({"restarted": True, "node": node_id, "provider": self.provider.name,
+                          "reason": "the agent reports again"})
+
+    async def _wait_report(self, cluster: str, node_id: str, before: float | None) -> bool:
+        """Wait until the node sends a report newer than `before` (its last one)."""
+        deadline = self.monotonic() + self.settings.restart_timeout_s
+        while True:
+            last = await self.view.last_report(cluster, node_id)
+            if last is not None and (before is None or last > before):
+                return True
+            if self.monotonic() >= deadline:
+                return False
+            await self.sleep(0.5)
 
     # ------------------------------------------------------------ children
 

@@ -85,6 +85,11 @@ class ClusterView:
             demand_pct=float(text(demand)) if demand is not None else 0.0,
         )
 
+    async def last_report(self, cluster: str, node: str) -> float | None:
+        """When the node's latest applied report was sent (epoch seconds); None: never."""
+        raw = await self.redis.hget(self.keys.node(cluster, node), "last_report_at")
+        return None if raw is None else float(text(raw))
+
     async def node(self, cluster: str, node: str) -> NodeView | None:
         row = await self.redis.hmget(self.keys.node(cluster, node), list(_FIELDS))
         return node_view(node, row)

@@ -24,6 +24,7 @@ from schemas.events.v1 import (
     QueryStatus,
     ReleaseNode,
     RemoveCapacity,
+    RestartAgent,
     Step,
 )
 from schemas.topics import Topic
@@ -33,7 +34,7 @@ from services.executor.ports import Publisher
 from services.executor.settings import ExecutorSettings
 
 log = logging.getLogger("clusterwarden.executor")
-_CENTRE_TYPES = (AddCapacity, RemoveCapacity, MigrateJobs, ReleaseNode)
+_CENTRE_TYPES = (AddCapacity, RemoveCapacity, MigrateJobs, ReleaseNode, RestartAgent)
 
 
 def command_id_for(task_id: UUID, step: int, attempt: int, run: int = 0) -> UUID:

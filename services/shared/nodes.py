@@ -17,13 +17,15 @@ from services.shared.redis_client import Keys, text
 
 # Forgets a node that left the cluster for good (a standby node the capacity provider
 # released): its state leaves the pool's aggregate and member index, its schedules and its
-# history go, so a node that no longer exists is not counted as down for ever. KEYS: node
-# hash, heartbeat schedule, probe schedule, history; ARGV: key prefix, cluster, node id.
+# history go, so a node that no longer exists is not counted as down for ever; its advertised
+# peer-probe address goes too, so no peer is assigned to probe it. KEYS: node hash, heartbeat
+# schedule, probe schedule, history, peer addresses; ARGV: key prefix, cluster, node id.
 # Answers the state the node had ('' if none was known).
 FORGET_NODE = """
 redis.call('ZREM', KEYS[2], ARGV[3])
 redis.call('ZREM', KEYS[3], ARGV[3])
 redis.call('DEL', KEYS[4])
+redis.call('HDEL', KEYS[5], ARGV[3])
 local f = redis.call('HMGET', KEYS[1], 'state', 'pool', 'gpu_util', 'gpus', 'disk_pct')
 if not f[1] then
   redis.call('DEL', KEYS[1])
@@ -55,7 +57,8 @@ class NodeRecords:
         """Drop a node that left the cluster for good; returns the state it had, if any."""
         state = text(await self._forget(
             keys=[self.keys.node(cluster, node), self.keys.heartbeat_due(cluster),
-                  self.keys.probe_due(cluster), self.keys.history(cluster, node)],
+                  self.keys.probe_due(cluster), self.keys.history(cluster, node),
+                  self.keys.peer_addresses(cluster)],
             args=[self.keys.prefix, cluster, node],
         ))
         return cast(NodeStateName, state) if state else None

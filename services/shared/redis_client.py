@@ -105,6 +105,25 @@ class Keys:
     def clusters(self) -> str:
         return f"{self.prefix}clusters"
 
+    def peer_addresses(self, cluster: str) -> str:
+        """HASH node -> "host:port|sent_at": where each node answers peer probes, as its
+        latest report advertised it (sent_at: that report's occurred_at)."""
+        return f"{self.prefix}peer-addr:{cluster}"
+
+    def peer_verdicts(self, cluster: str, target: str) -> str:
+        """HASH prober -> "1|sent_at" (reached) or "0|sent_at": each prober's latest verdict
+        on `target`; the whole hash expires when no prober reports on it any more."""
+        return f"{self.prefix}peer-verdicts:{cluster}:{target}"
+
+    def peer_assigned(self, cluster: str) -> str:
+        """HASH node -> "fingerprint|sent_at|peer,peer": what each node was last told to
+        probe (set_peers), and when."""
+        return f"{self.prefix}peer-assigned:{cluster}"
+
+    def agent_dead(self, cluster: str, node: str, last_report_at: str) -> str:
+        """STRING: the node's silence since `last_report_at` was found an agent death (once)."""
+        return f"{self.prefix}agent-dead:{cluster}:{node}:{last_report_at}"
+
     def open_need(self, cluster: str, kind: str, target: str) -> str:
         return f"{self.prefix}need:{cluster}:{kind}:{target}"
 

@@ -128,6 +128,7 @@ def examples() -> dict[str, Envelope]:
             jobs=[JobInfo(job_id="train-7", kind="training", state="running", progress_pct=12.5,
                           throughput=830.0, gpu_indices=[0])],
             peer_probes=[PeerProbe(peer_node_id="node-001", reachable=True, rtt_ms=0.4)],
+            probe_address="10.0.0.2:7101",
             models=[ServedModel(task_type="digits", model="digits-mlp", version="2",
                                 family="mlp", state="ready", max_concurrency=4,
                                 accuracy=0.975)],

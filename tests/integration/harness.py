@@ -17,7 +17,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from agent import fleet
 from common.messaging import delete_topics, ensure_topics
-from schemas.events.v1 import TaskEvent
+from schemas.events.v1 import OpsNeed, TaskEvent
 from schemas.topics import Topic, topic_name
 from services.shared.registry import register
 from tests.waiting import eventually
@@ -247,6 +247,16 @@ async def processed(bootstrap: str, group: str, records: Sequence[Record]) -> bo
         return offset is not None and int(offset.offset) > record.offset
 
     return all(past(record) for record in records)
+
+
+def a_need(kind: str, target: str) -> Callable[[Record], bool]:
+    """True for a need record of `kind` about `target`."""
+    def check(record: Record) -> bool:
+        if not record.topic.endswith(Topic.OPS_NEEDS.value):
+            return False
+        need = OpsNeed.model_validate_json(record.value)
+        return need.kind == kind and need.target == target
+    return check
 
 
 def is_up(node: str) -> Callable[[Record], bool]:

@@ -23,6 +23,7 @@ from tests.integration.harness import (
     SMALL_POOL_SAFETY,
     Record,
     Tap,
+    a_need,
     is_success_of,
     is_up,
     name,
@@ -44,15 +45,6 @@ ONLINE_HOLD_S = 3.0
 def needs_of(watch: Tap, kind: str) -> list[OpsNeed]:
     return [n for n in (OpsNeed.model_validate_json(r.value) for r in watch.records
                         if r.topic.endswith(Topic.OPS_NEEDS.value)) if n.kind == kind]
-
-
-def a_need(kind: str, target: str) -> Callable[[Record], bool]:
-    def check(record: Record) -> bool:
-        if not record.topic.endswith(Topic.OPS_NEEDS.value):
-            return False
-        need = OpsNeed.model_validate_json(record.value)
-        return need.kind == kind and need.target == target
-    return check
 
 
 def is_health(record: Record) -> bool:

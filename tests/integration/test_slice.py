@@ -46,7 +46,9 @@ async def test_a_gpu_fault_and_a_stopped_heartbeat_each_become_a_succeeded_offli
                                      "the offline task for node-002 to succeed")
                 fault_to_success = time.monotonic() - fault_at
 
-                fleet.inject_fault(tmp_path, "node-003", silent=True)
+                # Silent and cut off from its peers: down. (Silent while its peers still
+                # reach it would be a dead agent on a live node, restarted, not taken offline.)
+                fleet.inject_fault(tmp_path, "node-003", silent=True, partitioned=True)
                 await watch.wait_for(
                     lambda r: r.key == b"node-003" and b'"state":"down"' in r.value, 60,
                     "node-003 down after its heartbeat stopped")

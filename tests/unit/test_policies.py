@@ -127,7 +127,8 @@ def test_fault_range_is_an_argument() -> None:
 
 
 def test_need_registry_is_explicit() -> None:
-    assert [m.name for m in REGISTRY] == ["offline", "online", "load_balance", "scale"]
+    assert [m.name for m in REGISTRY] == ["offline", "restart_agent", "online", "load_balance",
+                                          "scale"]
     with pytest.raises(ValueError, match="unknown needs"):
         enabled(["offline", "teleport"])
 
@@ -199,7 +200,7 @@ def test_analyzer_settings_load_with_every_need() -> None:
 
     settings = AnalyzerSettings()
     assert [m.name for m in enabled(settings.enabled_needs)] == [
-        "offline", "online", "load_balance", "scale"]
+        "offline", "restart_agent", "online", "load_balance", "scale"]
     assert settings.scale.high_enter == 80.0
 
 

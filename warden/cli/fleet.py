@@ -57,7 +57,11 @@ def fleet_fault(
     xid: Annotated[list[int] | None, typer.Option(help="Inject a GPU XID event.")] = None,
     ecc: Annotated[int, typer.Option(help="Uncorrected ECC errors.")] = 0,
     hung_job: Annotated[bool, typer.Option(help="Report a hung job.")] = False,
-    silent: Annotated[bool, typer.Option(help="Stop reporting (heartbeat stops).")] = False,
+    silent: Annotated[bool, typer.Option(
+        help="Stop reporting (heartbeat stops) while peers still reach it: a dead agent on a "
+             "live node.")] = False,
+    partition: Annotated[bool, typer.Option(
+        help="Cut the node off from its peers (their probes and its own fail).")] = False,
     load: Annotated[float | None, typer.Option(
         min=0, max=100, help="Hold the GPUs at this utilisation, %.")] = None,
     flap: Annotated[float, typer.Option(
@@ -93,6 +97,8 @@ def fleet_fault(
         changes["hung_job"] = True
     if silent:
         changes["silent"] = True
+    if partition:
+        changes["partitioned"] = True
     if load is not None:
         changes["load_pct"] = load
     if flap:

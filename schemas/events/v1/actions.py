@@ -6,10 +6,13 @@ from __future__ import annotations
 from typing import Annotated, Literal
 from uuid import UUID
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from schemas.envelope import Identifier, Strict
-from schemas.events.v1.values import Attempt, MiB, MlInput, ModelVersion
+from schemas.events.v1.values import Attempt, MiB, MlInput, ModelVersion, ProbeAddress
+
+# The schema's bound on NodeReport.peer_probes: a node never probes more peers than it reports.
+MAX_PEERS = 16
 
 # ---------------------------------------------------------------- node actions
 
@@ -135,6 +138,34 @@ class RunInference(Strict):
         default=5.0, description="The node gives up (cause timeout) after this long.")
 
 
+class Peer(Strict):
+    """One peer a node should probe, and where its probe listener answers."""
+
+    node_id: Identifier
+    address: ProbeAddress
+
+
+class SetPeers(Strict):
+    """The peers the centre assigned a node to probe (replacing any earlier list).
+
+    Sent by the collector, outside the node's command ordering: it disrupts nothing, and an
+    absolute list is idempotent. Never a template step.
+    """
+
+    action: Literal["set_peers"] = "set_peers"
+    node_id: Identifier
+    peers: list[Peer] = Field(max_length=MAX_PEERS)
+
+    @model_validator(mode="after")
+    def _distinct_others(self) -> SetPeers:
+        ids = [p.node_id for p in self.peers]
+        if len(set(ids)) != len(ids):
+            raise ValueError("a peer is listed twice")
+        if self.node_id in ids:
+            raise ValueError("a node is not its own peer")
+        return self
+
+
 AgentAction = (
     DrainNode
     | UndrainNode
@@ -152,7 +183,7 @@ AgentAction = (
 # The allow-list of what the centre may ask an agent to do; anything else is rejected by the
 # discriminator before any handler runs. Template steps may use the ops actions only
 # (AgentAction); run_inference comes from the router.
-NodeAction = AgentAction | RunInference
+NodeAction = AgentAction | RunInference | SetPeers
 Action = Annotated[NodeAction, Field(discriminator="action")]
 OpsActionName = Literal[
     "drain_node",
@@ -168,7 +199,7 @@ OpsActionName = Literal[
     "query_status",
     "cancel",
 ]
-ActionName = OpsActionName | Literal["run_inference"]
+ActionName = OpsActionName | Literal["run_inference", "set_peers"]
 
 
 # ---------------------------------------------------------------- centre actions
@@ -220,15 +251,23 @@ class ReleaseNode(Strict):
     node_id: Identifier
 
 
+class RestartAgent(Strict):
+    """Start a node's agent again through the capacity provider: the node's peers still
+    reach it, only its agent stopped reporting. Done when the node reports again."""
+
+    action: Literal["restart_agent"] = "restart_agent"
+    node_id: Identifier
+
+
 CENTRE_ACTIONS: frozenset[str] = frozenset(
-    {"add_capacity", "remove_capacity", "migrate_jobs", "release_node"}
+    {"add_capacity", "remove_capacity", "migrate_jobs", "release_node", "restart_agent"}
 )
 
 # What a step may do: an agent command, or a centre action.
 StepAction = Annotated[
-    AgentAction | AddCapacity | RemoveCapacity | MigrateJobs | ReleaseNode,
+    AgentAction | AddCapacity | RemoveCapacity | MigrateJobs | ReleaseNode | RestartAgent,
     Field(discriminator="action"),
 ]
 StepActionName = OpsActionName | Literal[
-    "add_capacity", "remove_capacity", "migrate_jobs", "release_node"
+    "add_capacity", "remove_capacity", "migrate_jobs", "release_node", "restart_agent"
 ]

@@ -87,6 +87,9 @@ class NodeState(Envelope):
     previous: NodeStateName | None = None
     reason: ShortText
     last_report_at: AwareDatetime | None = None
+    agent_dead: bool = Field(
+        default=False, description="The node stopped reporting but its peers still reach it: "
+        "its agent is dead, not the node (the state stays suspect, never down).")
 
 
 # ---------------------------------------------------------------- needs

@@ -7,12 +7,21 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from schemas.envelope import Envelope, Identifier, ShortText, Strict
-from schemas.events.v1.values import Count, MiB, ModelVersion, NodeMode, Percent, Seq
+from schemas.events.v1.values import (
+    Count,
+    MiB,
+    ModelVersion,
+    NodeMode,
+    Percent,
+    ProbeAddress,
+    Seq,
+)
 
 GpuSource = Literal["nvml", "simulated"]
 # disk_full and memory_pressure are the analyzer's reading of host metrics out of range.
+# partitioned is the collector's reading of peer probes: peers cannot reach a node that reports.
 FaultKind = Literal["xid", "ecc", "hung_job", "probe_failed", "heartbeat_missed", "agent",
-                    "disk_full", "memory_pressure"]
+                    "disk_full", "memory_pressure", "partitioned"]
 ModelState = Literal["loading", "ready", "failed"]
 # The job states in which a job can be moved to another node (checkpointing, stopped, failed
 # and hung jobs are not doing work that another node could take over as it is).
@@ -136,6 +145,9 @@ class NodeReport(Envelope):
     faults: list[Fault] = Field(default_factory=list, max_length=256)
     jobs: list[JobInfo] = Field(default_factory=list, max_length=1024)
     peer_probes: list[PeerProbe] = Field(default_factory=list, max_length=16)
+    probe_address: ProbeAddress | None = Field(
+        default=None, description="host:port where the node answers its peers' probes (None: "
+        "an agent that predates addressed peers, found by its peers only on its own host).")
     models: list[ServedModel] = Field(
         default_factory=list, max_length=64,
         description="The ML models the node serves (empty: none, or an agent that predates "

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from typing import Annotated, Literal
 
-from pydantic import Field, StringConstraints
+from pydantic import AfterValidator, Field, StringConstraints
 
 from schemas.envelope import ShortText
 
@@ -16,8 +18,39 @@ Priority = Annotated[int, Field(ge=0, le=9, description="0 is the most urgent.")
 StepIndex = Annotated[int, Field(ge=0, le=63)]
 
 NodeMode = Literal["active", "draining", "offline"]
-NeedKind = Literal["scale_out", "scale_in", "load_balance", "offline", "online"]
+NeedKind = Literal["scale_out", "scale_in", "load_balance", "offline", "online",
+                   "restart_agent"]
 OutputValue = ShortText | int | float | bool
+
+# A host name (RFC 1123 labels), an IPv4 address, or an IPv6 address in brackets; then a port.
+_HOST_NAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                        r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+
+
+def check_probe_address(value: str) -> str:
+    """`host:port` where a peer's probe listener answers; anything else is refused.
+
+    Strict because it travels from one node to the centre and on to other nodes, which
+    connect to it: a value that is not plainly an address must never get that far.
+    """
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65_536 or port != str(int(port)):
+        raise ValueError("a probe address is host:port with a port 1-65535")
+    if host.startswith("["):
+        if not host.endswith("]"):
+            raise ValueError("an IPv6 host goes in brackets")
+        ipaddress.IPv6Address(host[1:-1])  # ValueError if it is not one
+    elif host.replace(".", "").isdigit():
+        ipaddress.IPv4Address(host)
+    elif not _HOST_NAME.match(host):
+        raise ValueError("not a host name or IP address")
+    if host in ("0.0.0.0", "[::]"):
+        raise ValueError("a wildcard address cannot be connected to: advertise a real one")
+    return value
+
+
+ProbeAddress = Annotated[str, StringConstraints(min_length=3, max_length=262),
+                         AfterValidator(check_probe_address)]
 
 # ML task routing
 ModelVersion = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,32}$")]

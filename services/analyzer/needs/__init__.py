@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from schemas.events.v1 import OpsNeed
 from services.analyzer.conditions import ConditionState, Evaluation
-from services.analyzer.needs import load_balance, offline, online, scale
+from services.analyzer.needs import load_balance, offline, online, restart_agent, scale
 from services.analyzer.observation import NodeObservation
 
 ObservedLevel = Literal["node", "cluster"]
@@ -52,6 +52,9 @@ REGISTRY: tuple[NeedModule, ...] = (
     NeedModule(offline.NAME, offline.LEVEL, offline.Args,
                "first: a faulty node must leave service before anything counts on it",
                detect=offline.detect),
+    NeedModule(restart_agent.NAME, restart_agent.LEVEL, restart_agent.Args,
+               "a live node whose agent died needs its agent back, not to leave service",
+               detect=restart_agent.detect),
     NeedModule(online.NAME, online.LEVEL, online.Args,
                "a repaired node back in service is capacity the needs below can use",
                evaluate=online.evaluate),

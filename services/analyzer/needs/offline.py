@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Final
-from uuid import uuid5
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -20,6 +19,7 @@ from services.analyzer.faults import (
     describe,
 )
 from services.analyzer.host import HostArgs, host_only
+from services.analyzer.needs.node_need import node_need
 from services.analyzer.observation import NodeObservation
 
 NAME: Final = "offline"
@@ -107,21 +107,5 @@ def detect(
     else:
         # Draining or offline already: the node is on its way out, or out.
         return []
-    return [
-        OpsNeed(
-            event_id=uuid5(ids.NEEDS_OFFLINE,
-                           f"{obs.cluster_id}:{obs.node_id}:{obs.source_event_id}"),
-            source=source,
-            occurred_at=now,
-            cluster_id=obs.cluster_id,
-            subject=obs.node_id,
-            correlation_id=str(obs.source_event_id),
-            kind="offline",
-            level=level,
-            pool=obs.pool,
-            target=obs.node_id,
-            evidence=evidence,
-            action_class=action,
-            dry_run=dry_run,
-        )
-    ]
+    return [node_need(ids.NEEDS_OFFLINE, obs, "offline", evidence, now, source, level=level,
+                      action_class=action, dry_run=dry_run)]

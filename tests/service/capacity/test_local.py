@@ -24,6 +24,7 @@ from services.capacity.provider import (
     PROVIDERS,
     NodeOffer,
     NoneProvider,
+    NotSupportedError,
     ProviderContext,
     build_provider,
 )
@@ -222,3 +223,40 @@ async def test_the_registry_builds_each_provider(
     assert await none.owned(CLUSTER, "default") == []
     with pytest.raises(ValueError, match="unknown capacity provider 'cloud'"):
         build_provider(context("cloud"))
+
+
+async def test_restart_agent_starts_a_dead_agent_again_from_its_state_dir(
+    redis: Redis, keys: Keys, tmp_path: Path
+) -> None:
+    local = provider(redis, keys, tmp_path)
+    _, public = ensure_keypair(tmp_path / "keys")
+    # A fleet node (not a standby one), started the way `warden fleet up` starts it.
+    first = fleet.start_agent("node-007", gpus=3, cluster_id=CLUSTER, namespace="captest",
+                              state_dir=tmp_path, env=local.env, trusted_keys=[public],
+                              interval_s=0.5, jobs="")
+    try:
+        wait_for_log(fleet.log_path(tmp_path, "node-007"), "GPU source")
+        assert fleet.kill_agent(tmp_path, "node-007")
+        await local.restart_agent(CLUSTER, "node-007", "restart-1")
+        again = fleet.read_pid(tmp_path, "node-007")
+        assert again is not None
+        assert again != first.pid
+        assert fleet.is_alive(again)
+        # As it was started: its own GPUs, cluster and (no) jobs, from its launch record.
+        launch = fleet.read_launch(tmp_path, "node-007")
+        assert launch is not None
+        assert (launch["gpus"], launch["cluster_id"], launch["jobs"]) == (3, CLUSTER, "")
+        # Both runs log to the node's log: the restarted agent got as far as its devices.
+        log = fleet.log_path(tmp_path, "node-007")
+        deadline = time.monotonic() + 30.0
+        while log.read_text().count("GPU source") < 2:
+            assert time.monotonic() < deadline, log.read_text()
+            await asyncio.sleep(0.1)
+        # The same request again restarts nothing.
+        await local.restart_agent(CLUSTER, "node-007", "restart-1")
+        assert fleet.read_pid(tmp_path, "node-007") == again
+        # A node this machine never started cannot be restarted from here.
+        with pytest.raises(NotSupportedError, match="no launch record"):
+            await local.restart_agent(CLUSTER, "node-999", "restart-2")
+    finally:
+        fleet.stop_agent(tmp_path, "node-007")

@@ -27,6 +27,7 @@ from schemas.events.v1 import (
     OpsTask,
     ReleaseNode,
     RemoveCapacity,
+    RestartAgent,
     StartJob,
     Step,
     StepAction,
@@ -117,6 +118,11 @@ class FakeProvider:
 
     async def owned(self, cluster: str, pool: str) -> list[str]:
         return list(self._owned)
+
+    async def restart_agent(self, cluster: str, node_id: str, request_id: str) -> None:
+        self.calls.append(("restart_agent", node_id, request_id))
+        if not self.fail:  # the agent comes back and reports
+            await self.cluster.node(node_id, 10.0)
 
 
 def task(*actions: StepAction, target: str = "default", guard: Guard | None = None,
@@ -454,3 +460,57 @@ async def test_build_centre_wires_the_named_provider_and_the_executor_key(
     monkeypatch.setenv("CAPACITY_PROVIDER", "none")
     assert isinstance(build_centre(ExecutorSettings(state_dir=str(tmp_path)), redis, keys)
                       .provider, NoneProvider)
+
+
+# ---------------------------------------------------------------- restarting an agent
+
+
+async def silent(cluster: Cluster, node: str) -> None:
+    """A node that reported once, then went quiet (its state as the heartbeat sweep leaves
+    a node whose peers still reach it)."""
+    await cluster.node(node, 10.0)
+    await cluster.redis.hset(cluster.keys.node(CLUSTER, node), "state", "suspect")
+
+
+async def test_restart_agent_completes_when_the_node_reports_again(cluster: Cluster) -> None:
+    await silent(cluster, "node-1")
+    fake = FakeProvider(cluster, [])
+    run = centre(cluster, fake, restart_timeout_s=5.0)
+    job = task(RestartAgent(node_id="node-1"), target="node-1", need_kind="restart_agent")
+    command = uuid4()
+    result = await run.run(job, 0, command, dry_run=False)
+    assert isinstance(result, Completed), result
+    assert result.outputs["restarted"] is True
+    assert fake.calls == [("restart_agent", "node-1", str(command))]
+    # Once per command: a re-run answers from the record and restarts nothing.
+    assert await run.run(job, 0, command, dry_run=False) == result
+    assert len(fake.calls) == 1
+    # A node that reports again by itself needs no restart.
+    again = await run.run(job, 0, uuid4(), dry_run=False)
+    assert isinstance(again, Completed)
+    assert again.outputs["restarted"] is False
+    assert len(fake.calls) == 1
+
+
+async def test_restart_agent_that_never_reports_is_worth_a_retry(cluster: Cluster) -> None:
+    await silent(cluster, "node-1")
+    fake = FakeProvider(cluster, [], fail=True)  # restarted, but it never reports
+    result = await centre(cluster, fake, restart_timeout_s=0.2).run(
+        task(RestartAgent(node_id="node-1"), target="node-1"), 0, uuid4(), dry_run=False)
+    assert isinstance(result, Failed)
+    assert not result.permanent
+    assert result.reason.startswith("agent_not_reporting")
+
+
+async def test_restart_agent_where_the_provider_cannot_is_a_permanent_failure(
+    cluster: Cluster,
+) -> None:
+    await silent(cluster, "node-1")
+    job = task(RestartAgent(node_id="node-1"), target="node-1")
+    result = await centre(cluster, NoneProvider()).run(job, 0, uuid4(), dry_run=False)
+    assert isinstance(result, Failed)
+    assert result.permanent
+    assert result.reason.startswith("not_supported: the none capacity provider cannot")
+    dry = await centre(cluster, NoneProvider()).run(job, 0, uuid4(), dry_run=True)
+    assert isinstance(dry, Completed)
+    assert dry.outputs["would_restart"] == "node-1"

@@ -118,3 +118,10 @@ def test_default_args() -> None:
                    "repeat_window_s": 86_400.0},
         "host": {"disk_max_pct": 95.0, "memory_max_pct": 95.0, "min_consecutive_reports": 6},
     }
+
+
+def test_peers_that_cannot_reach_a_reporting_node_take_it_offline() -> None:
+    cut_off = Fault(kind="partitioned", detail="0 peer(s) reach it, 2 cannot (quorum 2)")
+    needs = offline.detect(node(0, faults=[cut_off], run=2), ARGS, at(5), "analyzer")
+    assert [(n.kind, n.action_class, n.level) for n in needs] == [("offline", "drain", "node")]
+    assert "partitioned [0 peer(s) reach it, 2 cannot (quorum 2)]" in needs[0].evidence[0].detail

@@ -11,6 +11,7 @@ from services.analyzer.needs import REGISTRY, NeedModule, enabled, offline, scal
 def test_registry_order_levels_and_shapes() -> None:
     assert [(m.name, m.level, m.stateful) for m in REGISTRY] == [
         ("offline", "node", False),
+        ("restart_agent", "node", False),
         ("online", "node", True),
         ("load_balance", "node", True),
         ("scale", "cluster", True),
@@ -27,9 +28,9 @@ def test_enabled_keeps_registry_order() -> None:
 @pytest.mark.parametrize("module", REGISTRY, ids=lambda m: m.name)
 def test_default_args_are_valid_frozen_and_closed(module: NeedModule) -> None:
     args = module.args()
-    field = next(iter(module.args.model_fields))
-    with pytest.raises(ValidationError):
-        setattr(args, field, 1)
+    for field in list(module.args.model_fields)[:1]:  # a need may take no arguments
+        with pytest.raises(ValidationError):
+            setattr(args, field, 1)
     with pytest.raises(ValidationError):
         module.args.model_validate({"surprise": 1})
 

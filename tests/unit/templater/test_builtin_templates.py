@@ -1,4 +1,4 @@
-"""The five built-in templates: they load, plan valid tasks with the method's step orders, and
+"""The built-in templates: they load, plan valid tasks with the method's step orders, and
 plan deterministically."""
 
 from __future__ import annotations
@@ -70,8 +70,12 @@ STEPS: dict[str, list[tuple[str, str | None, str | None]]] = {
         ("migrate_jobs", None, "node-002"),
         ("add_capacity", "nodes_out_of_range", None),
     ],
+    "restart_agent": [
+        ("restart_agent", None, "node-002"),
+    ],
 }
-PRIORITY = {"offline": 1, "online": 3, "scale_out": 4, "load_balance": 5, "scale_in": 6}
+PRIORITY = {"offline": 1, "restart_agent": 2, "online": 3, "scale_out": 4, "load_balance": 5,
+            "scale_in": 6}
 
 
 @pytest.mark.parametrize("kind", get_args(NeedKind))
@@ -81,9 +85,9 @@ def test_step_order_guards_and_priority_follow_the_method(kind: NeedKind) -> Non
         (s.action.action, s.guard, getattr(s.action, "node_id", None)) for s in task.steps
     ] == STEPS[kind]
     assert task.priority == PRIORITY[kind]
-    # Every centre action works on the need's pool.
+    # Every centre action on a pool works on the need's pool.
     for step in task.steps:
-        if step.action.action in CENTRE_ACTIONS:
+        if step.action.action in CENTRE_ACTIONS and hasattr(step.action, "pool"):
             assert getattr(step.action, "pool", None) == "default"
 
 
