@@ -62,6 +62,8 @@ class RelationStore:
         redelivered task keeps its first entry, which may be running by now)."""
         if task.relations is None:
             return
+        if await self.redis.exists(self.keys.task_outcome(str(task.task_id))):
+            return  # redelivered after it ended: an entry now would never be removed
         cluster = task.cluster_id
         _, entries = await self._entries(cluster)
         me = relations.open_task(task, task.relations)

@@ -118,6 +118,23 @@ async def test_a_failed_dependency_fails_its_dependent_without_running_it(
     assert await s.queue.depth() == 0
 
 
+async def test_a_task_redelivered_after_it_ended_is_not_indexed_again(
+        redis: Redis, keys: Keys, clock: Clock) -> None:
+    s = gated(redis, keys, clock)
+    done = related("node-1", "check")
+    await queue(s, done)
+    await s.dispatch()
+    await finish(s, done)
+    await s.on_task(done)  # the ops.tasks message again
+    assert await redis.hlen(keys.open_tasks("local")) == 0
+    # So a later dependent does not wait for it.
+    dependent = related("node-2", depends_on=[Dependency(template="check")],
+                        concurrent_with=["check"])
+    await queue(s, dependent)
+    await s.dispatch()
+    assert dispatched(s) == ["node-1", "node-2"]
+
+
 class ReadTogether(RelationStore):
     """A store whose first admission read waits until the other scheduler has read too: both
     decide on the same index, as two schedulers racing would."""
