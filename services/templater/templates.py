@@ -77,8 +77,8 @@ _ACTION_NAMES: tuple[str, ...] = tuple(
 # Sent by the executor itself about an earlier command; a template cannot know that command.
 _NOT_IN_TEMPLATES: frozenset[str] = frozenset({"query_status", "cancel"})
 
-# No dots in template names: they are joined with dots into lock keys, which must stay
-# unambiguous; 32 characters leave room for the cluster id within a key's 128.
+# No dots in template names: they name Redis keys and relations, which must stay unambiguous;
+# 32 characters leave room for the cluster id within an identifier's 128.
 TemplateName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,32}$")]
 StepName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
 ParamName = Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_]{0,63}$")]
@@ -380,7 +380,8 @@ def load_templates(directory: Path = TEMPLATE_DIR) -> dict[NeedKind, Template]:
     """Every template in `directory`, by the need it serves, relations resolved.
 
     One template per need kind; two for one need, two with one name, a relation to a template
-    that is not there, or more locks than a task may hold is an error naming file and field.
+    that is not there, or a concurrent_with that an exclusive_with contradicts is an error
+    naming file and field.
     """
     paths = sorted(directory.glob("*.yaml"))
     if not paths:
