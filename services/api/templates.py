@@ -9,7 +9,7 @@ templater loads templates when it starts, so a saved edit is used from its next 
 
 A candidate is checked twice before it is saved: as one file (`load_template`: every field,
 action, placeholder and guard) and as part of the folder it would join (`load_templates`:
-one template per need, relations that resolve, lock counts), so a save can never leave a
+one template per need, relations that resolve and agree), so a save can never leave a
 folder the templater refuses to start with.
 """
 

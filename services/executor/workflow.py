@@ -298,7 +298,7 @@ class WorkflowCore:
                        step: int | None = None, event_key: str | None = None,
                        extra: dict[str, Any] | None = None) -> None:
         """After the journal's final state: locks, the final event, the parent's count."""
-        await self.locks.release(str(task.task_id), task.mutex_keys)
+        await self.locks.release_task(task)
         # need_kind and kind ride along so the scheduler's breaker can count the outcome;
         # cause lets it leave out what is not an adjustment failure (agent rejections).
         outputs: dict[str, Any] = {"need_kind": task.need_kind, "kind": task.kind}

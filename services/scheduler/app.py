@@ -11,6 +11,7 @@ from services.scheduler.breaker_store import BreakerStore
 from services.scheduler.handlers import Scheduler
 from services.scheduler.queue import TaskQueue
 from services.scheduler.rate_limit import RateLimiter
+from services.scheduler.relations_store import RelationStore
 from services.scheduler.safety_store import SafetyStore
 from services.scheduler.settings import SchedulerSettings
 from services.shared.maintenance import MaintenanceStore
@@ -28,7 +29,8 @@ def create_app(settings: SchedulerSettings | None = None) -> FastStream:
                           BreakerStore(redis, keys, settings.breaker_config),
                           SafetyStore(redis, keys, settings.pool_health_ttl_s),
                           RateLimiter(redis, keys, settings.rate_per_s, settings.rate_burst),
-                          maintenance=MaintenanceStore(redis, keys))
+                          maintenance=MaintenanceStore(redis, keys),
+                          relations=RelationStore(redis, keys))
     subscribe(broker, settings, Topic.OPS_TASKS, "scheduler", scheduler.on_task)
     subscribe(broker, settings, Topic.OPS_TASK_EVENTS, "scheduler-outcomes",
               scheduler.on_task_event)

@@ -1,7 +1,9 @@
 """Scheduler handlers: tasks in, queued; a dispatcher loop hands them to the executor.
 
 Before a claimed task is dispatched it passes, in this order: maintenance (no window of its
-cluster or of a node it touches; a held task's transitions say which), its breaker, the pool's
+cluster or of a node it touches; a held task's transitions say which), its relations (its
+template's concurrency, exclusive_with, depends_on and the default exclusion on a pool that
+concurrent_with lifts: `relation_gate.py`; a hold's transitions say which), its breaker, the pool's
 short-circuit, the pool's offline budget (budgeted kinds) and its kind's rate limit
 (rate-limited kinds). All of them key on `task.kind`. A task refused anywhere waits in the
 queue; a place in the budget taken for it is given back if the rate limit then refuses.
@@ -12,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Literal
 from uuid import uuid4, uuid5
 
@@ -39,8 +40,11 @@ from services.scheduler.breaker_store import (
     BreakerStore,
     BreakerUnreadable,
 )
+from services.scheduler.events import SOURCE, task_event
 from services.scheduler.queue import TaskQueue
 from services.scheduler.rate_limit import RateLimiter, RateLimitUnreadable
+from services.scheduler.relation_gate import RelationGate
+from services.scheduler.relations_store import RelationStore
 from services.scheduler.safety import Verdict
 from services.scheduler.safety_store import SafetyStore, SafetyUnreadable
 from services.scheduler.settings import SchedulerSettings
@@ -48,13 +52,15 @@ from services.shared.locks import lock_ttl_s
 from services.shared.maintenance import MaintenanceStore, MaintenanceUnreadable
 
 log = logging.getLogger("clusterwarden.scheduler")
-SOURCE = "scheduler"
 FINAL_OUTCOMES: frozenset[TaskState] = frozenset({"succeeded", "failed"})
 # A terminated task fed no outcome to its breaker, but its node is back in the budget.
 FINAL_STATES: frozenset[TaskState] = FINAL_OUTCOMES | {"terminated"}
 # The executor's `cause` of a failure the agent refused before doing anything (a precondition,
 # a stale command): it says nothing about whether the adjustment works, so no breaker counts it.
 REJECTED = "rejected"
+# Failed by the scheduler because a task it depends on failed: it never ran, so it says
+# nothing about its kind either.
+NOT_COUNTED = frozenset({REJECTED, "dependency_failed"})
 
 # "trial": admitted as the breaker's half-open trial; "counted": admitted and counted in the
 # pool's budget by this call. Both are undone if a later limit holds the task back.
@@ -119,18 +125,8 @@ class Tick:
     holding: dict[str, set[str] | None] = field(default_factory=dict)
     seen_holds: set[tuple[str, str]] = field(default_factory=set)
     empty_buckets: set[tuple[str, str]] = field(default_factory=set)
-
-
-def task_event(task: OpsTask, state: TaskState, previous: TaskState | None, reason: str,
-               at: datetime, discriminator: str = "") -> TaskEvent:
-    """A transition of `task` at `at`, with an id that is the same if it is replayed."""
-    return TaskEvent(
-        event_id=uuid5(ids.TASK_EVENTS, f"{task.task_id}:{state}:{discriminator}"),
-        source=SOURCE, occurred_at=at, cluster_id=task.cluster_id,
-        subject=str(task.task_id), correlation_id=str(task.need_id),
-        task_id=task.task_id, parent_task_id=task.parent_task_id,
-        state=state, previous_state=previous, actor=SOURCE, reason=reason,
-    )
+    # Failed by the relation gate: out of the queue, not to be requeued.
+    ended: set[str] = field(default_factory=set)
 
 
 class Scheduler:
@@ -139,9 +135,12 @@ class Scheduler:
     def __init__(self, settings: SchedulerSettings, queue: TaskQueue, bus: EventBus,
                  breakers: BreakerStore, safety_store: SafetyStore,
                  rate_limiter: RateLimiter, clock: Clock = now_utc,
-                 maintenance: MaintenanceStore | None = None) -> None:
+                 maintenance: MaintenanceStore | None = None,
+                 relations: RelationStore | None = None) -> None:
         self.settings = settings
         self.maintenance = maintenance
+        self.relations = (None if relations is None else
+                          RelationGate(relations, bus, clock, settings.lock_margin_s))
         self.queue = queue
         self.bus = bus
         self.breakers = breakers
@@ -157,6 +156,8 @@ class Scheduler:
     async def on_task(self, task: OpsTask) -> None:
         # Indexed before queueing, so the task's outcome can always be tied to its breaker.
         await self.breakers.remember_task(task, self.breaker_of(task))
+        if self.relations is not None:
+            await self.relations.enter(task)
         new = await self.queue.enqueue(
             task, policy.queue_score(task), lock_ttl_s(task, self.settings.lock_margin_s)
         )
@@ -182,7 +183,8 @@ class Scheduler:
             # Held out of the ready queue until now, so one blocked task cannot be claimed
             # over and over in a tick; if this fails, the lease ends and the reaper requeues.
             for task_id in tick.held:
-                await self.breakers.requeue(task_id)
+                if task_id not in tick.ended:
+                    await self.breakers.requeue(task_id)
 
     async def _dispatch_claimed(self, now_ms: int, lease_ms: int, tick: Tick) -> None:
         """Claim and dispatch until nothing is free; tasks refused go to `tick.held`."""
@@ -193,7 +195,10 @@ class Scheduler:
             task = claimed.task
             if not await self._admits(task, now_ms, tick):
                 await self.breakers.release_claim(task)
-                tick.held.append(str(task.task_id))
+                if str(task.task_id) in tick.ended:
+                    await self.queue.ack(str(task.task_id))
+                else:
+                    tick.held.append(str(task.task_id))
                 continue
             epoch = await self.queue.next_epoch()
             # The transition first: once the executor has the task it publishes `running`,
@@ -219,6 +224,21 @@ class Scheduler:
         """Every limit a task must pass before it is dispatched (see the module docstring)."""
         if not await self._maintenance_admits(task):
             return False
+        related = "unbound" if self.relations is None else await self.relations.admit(
+            task, now_ms)
+        if related in ("refused", "failed"):
+            if related == "failed":
+                tick.ended.add(str(task.task_id))
+            return False
+        if await self._limits_admit(task, now_ms, tick):
+            return True
+        if related == "admitted" and self.relations is not None:
+            await self.relations.undo(task)
+        return False
+
+    async def _limits_admit(self, task: OpsTask, now_ms: int, tick: Tick) -> bool:
+        """The breaker, the pool and the rate limit; what one took is given back if a later
+        one refuses."""
         breaker = await self._breaker_admits(task, tick)
         if breaker == "refused":
             return False
@@ -436,6 +456,8 @@ class Scheduler:
         if event.state in FINAL_STATES:
             # Idempotent: a replayed final event finds the task no longer counted.
             await self.safety.finish(str(event.task_id), event.occurred_at.timestamp())
+            if self.relations is not None:
+                await self.relations.finished(event)
         if event.state not in FINAL_OUTCOMES:
             return
         task_id = str(event.task_id)
@@ -443,9 +465,9 @@ class Scheduler:
         if where is None:
             return
         cluster, name = where
-        if event.state == "failed" and event.outputs.get("cause") == REJECTED:
-            log.info("outcome of task %s not counted by breaker %s/%s: the agent rejected "
-                     "its command (%s)", task_id, cluster, name, event.reason)
+        if event.state == "failed" and event.outputs.get("cause") in NOT_COUNTED:
+            log.info("outcome of task %s not counted by breaker %s/%s: it did not act (%s)",
+                     task_id, cluster, name, event.reason)
             await self.breakers.release_trial(cluster, name, task_id)
             return
         recorded = await self.breakers.record(

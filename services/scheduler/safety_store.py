@@ -10,6 +10,7 @@ from redis.asyncio import Redis
 
 from common.errors import INFRASTRUCTURE_ERRORS
 from schemas.events.v1 import OpsTask, PoolHealth
+from services.shared.locks import take_place_call
 from services.shared.redis_client import Keys, text
 
 # Task id -> (cluster, pool), so a final TaskEvent (which carries no pool) finds its entry;
@@ -22,14 +23,11 @@ INDEX_TTL_S = 7 * 24 * 3_600
 # entry lapses, ARGV[4] now (epoch s), ARGV[5] index value, ARGV[6] index TTL (s).
 # Returns {2 already counted | 1 counted now | 0 refused, tasks in flight}.
 # A task already counted (redispatched after a crash) keeps its place and its first deadline.
+# The in-flight ZSET is a counting semaphore of places, like a template's concurrency.
 ADMIT_IN_FLIGHT = """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[4])
-local count = redis.call('ZCARD', KEYS[1])
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return {2, count} end
-if count >= tonumber(ARGV[2]) then return {0, count} end
-redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
-redis.call('SET', KEYS[2], ARGV[5], 'EX', ARGV[6])
-return {1, count + 1}
+local place = """ + take_place_call("{KEYS[1]}", "{ARGV[1], ARGV[2], ARGV[4], ARGV[3]}") + """
+if place[1] == 1 then redis.call('SET', KEYS[2], ARGV[5], 'EX', ARGV[6]) end
+return place
 """
 
 Admission = Literal["counted", "already_counted", "refused"]

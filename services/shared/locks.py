@@ -1,14 +1,14 @@
-"""Task locks, in one home: their names, how long they live, how they are taken and freed.
+"""Task locks and the concurrency semaphore, in one home: their names, how long they live,
+how they are taken and freed.
 
 A lock is a Redis string at `Keys.lock(<name>)` holding the id of the task that owns it; the
 scheduler dispatches a task only while it holds every name in its `mutex_keys`.
 
 - Names: `node.<cluster>.<node>`, `job.<cluster>.<job>` and `pool.<cluster>.<pool>`
   (templates write them from the need's values, and every template lock names its cluster;
-  the centre's child tasks use `node_lock` and `job_lock`), and the keys that carry a
-  template's execution count and its relations to other templates (below). Every name is
-  scoped by its cluster: two clusters may both have a `node-001` or a `node-001.train`, and
-  they never share a lock.
+  the centre's child tasks use `node_lock` and `job_lock`). Every name is scoped by its
+  cluster: two clusters may both have a `node-001` or a `node-001.train`, and they never
+  share a lock.
 - Lifetime: `lock_ttl_s`, a task's worst-case run plus a margin, so the locks of a task
   nobody finishes lapse on their own.
 - Taken: by the scheduler's claim, atomically with taking the task from its queue
@@ -17,24 +17,19 @@ scheduler dispatches a task only while it holds every name in its `mutex_keys`.
 - Freed: by the executor when a task ends (`Locks.release`), by the scheduler when it puts a
   claimed task back (`Locks.release_all`); only the locks the task still owns.
 
-Limits between templates: the scheduler only knows exclusive locks, so every limit between
-tasks is written as shared keys:
-
-- execution_count N: a task takes one of N slot keys `tpl.<name>.<cluster>[.<slot>]`, the
-  slot chosen by a stable hash of its target, so at most N tasks of the template run at once
-  per cluster. Two targets can hash to the same slot and then wait for each other: the bound
-  is exact, the parallelism is not (a task never waits for a free slot other than its own).
-- exclusion of templates A (N slots) and B (M slots): one key per pair of slots,
-  `excl.<a>.<b>.<cluster>.<i>.<j>` (names sorted; just `excl.<a>.<b>.<cluster>` when N = M = 1).
-  An A task in slot i takes every key of row i, a B task in slot j every key of column j:
-  each A task shares a key with each B task, and two A tasks share none of these keys, so an
-  exclusion never limits A against A (its own execution count does that).
+A template's `concurrency` (at most N of its tasks run at once per cluster) is not a lock but
+a counting semaphore (`Semaphore`): a sorted set per template and cluster at
+`Keys.semaphore(<template>, <cluster>)` whose members are the ids of the tasks holding a
+place, scored by when the place lapses (the task's lock TTL). Any N tasks may hold it,
+whatever their targets. The scheduler takes a place when it admits a task (with its relations,
+`services/scheduler/relations_store.py`); the executor gives it back when the task ends, and
+the scheduler again on the task's final event (both idempotent). The relations between
+templates (exclusive_with, depends_on, concurrent_with) are admission rules of the
+scheduler, not locks either.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from hashlib import sha256
 from typing import Any, NamedTuple
 
 from redis.asyncio import Redis
@@ -52,6 +47,26 @@ end
 for i = 1, #KEYS do redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2]) end
 return {}
 """
+
+# A place in a template's semaphore: expired places (tasks whose end was never seen) are
+# pruned first; a task already holding a place keeps it (a redispatch after a crash).
+# KEYS[1] the semaphore; ARGV[1] task id, ARGV[2] limit, ARGV[3] now and ARGV[4] when the
+# place lapses (one unit, any: the offline budget counts in seconds, the semaphore in ms).
+# Returns {1 taken | 2 already held | 0 refused, places held}.
+TAKE_PLACE = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[3])
+local held = redis.call('ZCARD', KEYS[1])
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return {2, held} end
+if held >= tonumber(ARGV[2]) then return {0, held} end
+redis.call('ZADD', KEYS[1], ARGV[4], ARGV[1])
+return {1, held + 1}
+"""
+
+
+def take_place_call(keys: str, args: str) -> str:
+    """TAKE_PLACE as a Lua expression inside another script (which must stay one atomic
+    step), given its KEYS and ARGV as Lua tables, e.g. `take_place_call("{KEYS[3]}", ...)`."""
+    return f"(function(KEYS, ARGV)\n{TAKE_PLACE}\nend)({keys}, {args})"
 
 RELEASE_LOCK = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -95,6 +110,7 @@ class Locks:
 
     def __init__(self, redis: Redis, keys: Keys) -> None:
         self.keys = keys
+        self.semaphore = Semaphore(redis, keys)
         self._acquire, self._release, self._release_all = (
             redis.register_script(script) for script in (ACQUIRE_LOCKS, RELEASE_LOCK, RELEASE_ALL))
 
@@ -115,6 +131,11 @@ class Locks:
         for key in mutex_keys:
             await self._release(keys=[self.keys.lock(key)], args=[task_id])
 
+    async def release_task(self, task: OpsTask) -> None:
+        """A task ended: its locks and its place in its template's semaphore go."""
+        await self.release(str(task.task_id), task.mutex_keys)
+        await self.semaphore.release_for(task)
+
     async def release_all(self, task_id: str, mutex_keys: list[str]) -> None:
         """Release the locks a task still owns in one atomic step."""
         await self._release_all(keys=[self.keys.lock(k) for k in mutex_keys], args=[task_id])
@@ -124,44 +145,39 @@ def _decode(reply: Any) -> str:
     return text(reply) if isinstance(reply, bytes | str) else str(reply)
 
 
-@dataclass(frozen=True)
-class Exclusion:
-    """Two templates whose tasks never run at the same time in one cluster."""
+class Place(NamedTuple):
+    """A semaphore's answer: whether the task holds a place now, and how many are held."""
 
-    first: str  # the names in sorted order, so both sides compute the same keys
-    second: str
-    first_slots: int
-    second_slots: int
-
-    @classmethod
-    def between(cls, a: str, a_slots: int, b: str, b_slots: int) -> Exclusion:
-        if b < a:
-            a, a_slots, b, b_slots = b, b_slots, a, a_slots
-        return cls(first=a, second=b, first_slots=a_slots, second_slots=b_slots)
-
-    def other_slots(self, name: str) -> int:
-        """How many keys a task of `name` takes for this exclusion."""
-        return self.second_slots if name == self.first else self.first_slots
-
-    def keys(self, name: str, cluster: str, own_slot: int) -> list[str]:
-        """The keys a task of template `name` in slot `own_slot` takes."""
-        base = f"excl.{self.first}.{self.second}.{cluster}"
-        if self.first_slots == self.second_slots == 1:
-            return [base]
-        if name == self.first:
-            cells = [(own_slot, j) for j in range(self.second_slots)]
-        else:
-            cells = [(i, own_slot) for i in range(self.first_slots)]
-        return [f"{base}.{i}.{j}" for i, j in cells]
+    taken: bool
+    held: int
 
 
-def slot_of(target: str, slots: int) -> int:
-    """The execution slot of a target: stable across processes (unlike `hash`)."""
-    if slots == 1:
-        return 0
-    return int.from_bytes(sha256(target.encode()).digest()[:8], "big") % slots
+def semaphore_lapse_ms(task: OpsTask, now_ms: int, margin_s: float) -> int:
+    """When a task's place lapses if nobody gives it back: when its locks would."""
+    return now_ms + int(lock_ttl_s(task, margin_s) * 1000)
 
 
-def execution_key(name: str, cluster: str, slots: int, slot: int) -> str:
-    """The slot key that bounds how many tasks of a template run at once in a cluster."""
-    return f"tpl.{name}.{cluster}" if slots == 1 else f"tpl.{name}.{cluster}.{slot}"
+class Semaphore:
+    """At most `limit` tasks of a template at once per cluster (see the module docstring)."""
+
+    def __init__(self, redis: Redis, keys: Keys) -> None:
+        self.redis = redis
+        self.keys = keys
+        self._take = redis.register_script(TAKE_PLACE)
+
+    async def take(self, template: str, cluster: str, task_id: str, limit: int,
+                   now_ms: int, lapses_at_ms: int) -> Place:
+        """Take a place for the task unless `limit` places are held by others."""
+        outcome, held = await self._take(
+            keys=[self.keys.semaphore(template, cluster)],
+            args=[task_id, limit, now_ms, lapses_at_ms])
+        return Place(int(outcome) != 0, int(held))
+
+    async def release(self, template: str, cluster: str, task_id: str) -> None:
+        """Give the task's place back (a no-op if it holds none)."""
+        await self.redis.zrem(self.keys.semaphore(template, cluster), task_id)
+
+    async def release_for(self, task: OpsTask) -> None:
+        """Give back the place of a task that ended, if its template limits it."""
+        if task.relations is not None:
+            await self.release(task.relations.template, task.cluster_id, str(task.task_id))

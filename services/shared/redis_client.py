@@ -147,6 +147,28 @@ class Keys:
     def lock(self, mutex_key: str) -> str:
         return f"{self.prefix}lock:{mutex_key}"
 
+    def semaphore(self, template: str, cluster: str) -> str:
+        """ZSET task id -> when its place lapses (ms): a template's concurrency per cluster."""
+        return f"{self.prefix}semaphore:{cluster}:{template}"
+
+    def open_tasks(self, cluster: str) -> str:
+        """HASH task id -> its open-task entry (template, pool, target, state, relations):
+        what the scheduler's relation gate checks a task against."""
+        return f"{self.prefix}open-tasks:{cluster}"
+
+    def open_tasks_version(self, cluster: str) -> str:
+        """Bumped at every change of `open_tasks`, so an admission decided on a read of the
+        index commits only if nothing changed since."""
+        return f"{self.prefix}open-tasks-version:{cluster}"
+
+    def relation_notice(self, task_id: str, blocker: str) -> str:
+        """Set once a hold of a task by a relation blocker is in the task's transitions."""
+        return f"{self.prefix}relation-notice:{task_id}:{blocker}"
+
+    def task_outcome(self, task_id: str) -> str:
+        """A finished task's final state, kept a while for the tasks that depend on it."""
+        return f"{self.prefix}task-outcome:{task_id}"
+
     def epoch(self) -> str:
         return f"{self.prefix}epoch"
 

@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from schemas.events.v1 import PoolPlan, StepState, TaskState
 
@@ -98,6 +98,29 @@ class TaskDetail(TaskRow):
     steps: list[StepRow]
     transitions: list[TransitionRow] = Field(description="Oldest first.")
     children: list[TaskRow] = Field(description="Its child tasks, oldest first.")
+
+    # From the plan (no column of their own: the plan is recorded whole).
+    @computed_field(  # type: ignore[prop-decorator]
+        description="How many ops the task executes (nodes taken offline, nodes added, jobs "
+        "moved); None: computed at run time, or no plan recorded.")
+    @property
+    def execution_count(self) -> int | None:
+        count = (self.plan or {}).get("execution_count")
+        return count if isinstance(count, int) else None
+
+    @computed_field(  # type: ignore[prop-decorator]
+        description="Each step's execution count, by index (None: computed when it runs).")
+    @property
+    def step_execution_counts(self) -> list[int | None]:
+        return [s.get("execution_count") for s in (self.plan or {}).get("steps", [])]
+
+    @computed_field(  # type: ignore[prop-decorator]
+        description="Its template's concurrency and relations (None: a child task, or no "
+        "plan recorded).")
+    @property
+    def relations(self) -> dict[str, Any] | None:
+        relations = (self.plan or {}).get("relations")
+        return relations if isinstance(relations, dict) else None
 
 
 class AuditRow(BaseModel):

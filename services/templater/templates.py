@@ -34,16 +34,23 @@ from pydantic_core import PydanticCustomError
 
 from schemas import ids
 from schemas.events.v1 import (
+    AddCapacity,
     BreakerScope,
+    Dependency,
+    ExclusiveWith,
     Guard,
+    MigrateJobs,
     NeedKind,
+    OnFailure,
     OpsNeed,
     OpsTask,
+    RelationScope,
+    RemoveCapacity,
     Step,
     StepAction,
     StepActionName,
+    TaskRelations,
 )
-from services.shared.locks import Exclusion, execution_key, slot_of
 from services.templater.placeholders import (
     NEED_FIELDS,
     ArgValue,
@@ -70,8 +77,8 @@ _ACTION_NAMES: tuple[str, ...] = tuple(
 # Sent by the executor itself about an earlier command; a template cannot know that command.
 _NOT_IN_TEMPLATES: frozenset[str] = frozenset({"query_status", "cancel"})
 
-# No dots in template names: they are joined with dots into lock keys, which must stay
-# unambiguous; 32 characters leave room for the cluster id within a key's 128.
+# No dots in template names: they name Redis keys and relations, which must stay unambiguous;
+# 32 characters leave room for the cluster id within an identifier's 128.
 TemplateName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,32}$")]
 StepName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
 ParamName = Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_]{0,63}$")]
@@ -100,6 +107,9 @@ class StepTemplate(BaseModel):
     max_attempts: int | None = Field(
         default=None, ge=1, le=10, description="None: the template's retry.max_attempts."
     )
+    execution_count: int | None = Field(
+        default=None, ge=0, le=10_000, description="How many ops the step executes; None: "
+        "from its action (see `step_execution_count`).")
 
     @field_validator("action", mode="before")
     @classmethod
@@ -113,13 +123,42 @@ class StepTemplate(BaseModel):
         return value
 
 
+def _bare_name(value: object) -> object:
+    """A relation written as a bare name means its defaults (scope cluster, fail)."""
+    return {"template": value} if isinstance(value, str) else value
+
+
+class RelationRule(BaseModel):
+    """A relation to another template's tasks within a scope (cluster, pool or target)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    template: TemplateName
+    scope: RelationScope = "cluster"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare(cls, value: object) -> object:
+        return _bare_name(value)
+
+
+class ExclusiveRule(RelationRule):
+    """A template whose running tasks hold this one's back, and the other way round."""
+
+
+class DependsOnRule(RelationRule):
+    """A template whose tasks (open when this one is queued) must finish before it starts."""
+
+    on_failure: OnFailure = "fail"
+
+
 class Relations(BaseModel):
     """How a template's tasks stand to other templates' tasks (names or need kinds)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     concurrent_with: list[TemplateName] = Field(default_factory=list, max_length=16)
-    exclusive_with: list[TemplateName] = Field(default_factory=list, max_length=16)
+    exclusive_with: list[ExclusiveRule] = Field(default_factory=list, max_length=16)
 
 
 class RetryPolicy(BaseModel):
@@ -142,10 +181,15 @@ class Template(BaseModel):
     description: str = Field(max_length=500)
     priority: int = Field(ge=0, le=9)
     parameters: dict[ParamName, ParamValue] = Field(default_factory=dict, max_length=32)
-    mutex: list[str] = Field(min_length=1, max_length=MAX_LOCK_KEYS - 1)
-    execution_count: int = Field(default=1, ge=1, le=16)
+    mutex: list[str] = Field(min_length=1, max_length=MAX_LOCK_KEYS)
+    execution_count: int | None = Field(
+        default=None, ge=0, le=10_000, description="How many ops a run executes (nodes taken "
+        "offline, nodes added, jobs moved); None: the sum of its steps' counts, unknown until "
+        "run time if one of them is.")
+    concurrency: int = Field(default=1, ge=1, le=1024, description="At most this many tasks "
+                             "of the template run at once per cluster.")
     relations: Relations = Field(default_factory=Relations)
-    depends_on: list[TemplateName] = Field(default_factory=list, max_length=16)
+    depends_on: list[DependsOnRule] = Field(default_factory=list, max_length=16)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     breaker_scope: BreakerScope | None = Field(
         default=None, description="What its tasks' breaker stops when it opens (kind, node, "
@@ -153,7 +197,7 @@ class Template(BaseModel):
     steps: list[StepTemplate] = Field(min_length=1, max_length=64)
 
     # Filled by `load_templates`, which alone sees the other templates; None: not resolved.
-    _exclusions: tuple[Exclusion, ...] | None = PrivateAttr(default=None)
+    _resolved: TaskRelations | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _check(self) -> Template:
@@ -169,26 +213,22 @@ class Template(BaseModel):
         return f"{self.name}.v{self.version}"
 
     @property
-    def excludes(self) -> list[str]:
-        """Every template this one must not run alongside (both relation kinds)."""
-        return [*self.relations.exclusive_with, *self.depends_on]
-
-    @property
-    def exclusions(self) -> tuple[Exclusion, ...]:
-        """The resolved exclusions; a template with relations must come from a registry."""
-        if self._exclusions is not None:
-            return self._exclusions
-        if self.excludes:
+    def task_relations(self) -> TaskRelations:
+        """The resolved relations its tasks carry; a template with relations must come from
+        a registry (names resolved, exclusions and concurrency made symmetric)."""
+        if self._resolved is not None:
+            return self._resolved
+        if self.relations.exclusive_with or self.relations.concurrent_with or self.depends_on:
             raise TemplateError(
                 f"template {self.name}: its relations are resolved by load_templates, "
                 "which sees the other templates"
             )
-        return ()
+        return TaskRelations(template=self.name, concurrency=self.concurrency)
 
-    def with_exclusions(self, exclusions: Iterable[Exclusion]) -> Template:
+    def with_relations(self, relations: TaskRelations) -> Template:
         """A copy with its relations resolved (the original is left alone)."""
         resolved = self.model_copy()
-        resolved._exclusions = tuple(exclusions)
+        resolved._resolved = relations
         return resolved
 
 
@@ -284,20 +324,30 @@ def _relation_problems(template: Template) -> list[str]:
     problems: list[str] = []
     lists = {
         "relations.concurrent_with": template.relations.concurrent_with,
-        "relations.exclusive_with": template.relations.exclusive_with,
-        "depends_on": template.depends_on,
+        "relations.exclusive_with": [r.template for r in template.relations.exclusive_with],
+        "depends_on": [r.template for r in template.depends_on],
     }
     for field, names in lists.items():
         for i, name in enumerate(names):
             if name in (template.name, template.need):
                 problems.append(f"{field}.{i}: a template cannot relate to itself "
-                                "(execution_count limits its own tasks)")
-    excluded = set(template.excludes)
+                                "(concurrency limits its own tasks)")
+    excluded = set(lists["relations.exclusive_with"])
     for i, name in enumerate(template.relations.concurrent_with):
         if name in excluded:
             problems.append(f"relations.concurrent_with.{i}: {name} is also in "
-                            "relations.exclusive_with or depends_on")
+                            "relations.exclusive_with")
     return problems
+
+
+def step_execution_count(action: StepAction) -> int | None:
+    """How many ops a step executes, from its action: nodes added or removed (0: computed at
+    run time, None), at most `max_jobs` jobs moved, one node for any other action."""
+    if isinstance(action, AddCapacity | RemoveCapacity):
+        return action.nodes or None
+    if isinstance(action, MigrateJobs):
+        return action.max_jobs
+    return 1
 
 
 def _action_input(step: StepTemplate, values: Mapping[str, Scalar]) -> dict[str, ArgValue]:
@@ -330,7 +380,8 @@ def load_templates(directory: Path = TEMPLATE_DIR) -> dict[NeedKind, Template]:
     """Every template in `directory`, by the need it serves, relations resolved.
 
     One template per need kind; two for one need, two with one name, a relation to a template
-    that is not there, or more locks than a task may hold is an error naming file and field.
+    that is not there, or a concurrent_with that an exclusive_with contradicts is an error
+    naming file and field.
     """
     paths = sorted(directory.glob("*.yaml"))
     if not paths:
@@ -352,50 +403,49 @@ def load_templates(directory: Path = TEMPLATE_DIR) -> dict[NeedKind, Template]:
         by_need[template.need] = by_name[template.name] = template
         file_of[template.name] = path.name
 
-    pairs = _exclusion_pairs(by_name, by_need, file_of)
-    for template in by_name.values():
-        for i, name in enumerate(template.relations.concurrent_with):
-            other = _resolve(name, by_name, by_need, file_of[template.name],
-                             f"relations.concurrent_with.{i}")
-            if frozenset((template.name, other)) in pairs:
-                raise TemplateError(
-                    f"{file_of[template.name]}: relations.concurrent_with.{i}: {other} is "
-                    f"excluded from {template.name} (exclusive_with or depends_on, here or "
-                    f"in {file_of[other]})"
-                )
+    return {need: template.with_relations(_resolve_relations(template, by_name, by_need,
+                                                             file_of))
+            for need, template in by_need.items()}
 
-    resolved: dict[NeedKind, Template] = {}
-    for need, template in by_need.items():
-        exclusions = sorted(
-            (Exclusion.between(a, by_name[a].execution_count, b, by_name[b].execution_count)
-             for a, b in (sorted(p) for p in pairs) if template.name in (a, b)),
-            key=lambda e: (e.first, e.second),
-        )
-        count = (len(template.mutex) + 1
-                 + sum(e.other_slots(template.name) for e in exclusions))
-        if count > MAX_LOCK_KEYS:
+
+def _resolve_relations(template: Template, by_name: Mapping[str, Template],
+                       by_need: Mapping[NeedKind, Template],
+                       file_of: Mapping[str, str]) -> TaskRelations:
+    """The relations a template's tasks carry: names resolved; an exclusion or a
+    concurrent_with declared on either side holds on both (a task checks only its own)."""
+    file = file_of[template.name]
+    exclusive: dict[tuple[str, RelationScope], None] = {}
+    concurrent: dict[str, None] = {}
+    for other in by_name.values():
+        own = other is template
+        for i, rule in enumerate(other.relations.exclusive_with):
+            name = _resolve(rule.template, by_name, by_need, file_of[other.name],
+                            f"relations.exclusive_with.{i}")
+            if own:
+                exclusive[(name, rule.scope)] = None
+            elif name == template.name:
+                exclusive[(other.name, rule.scope)] = None
+        for i, raw in enumerate(other.relations.concurrent_with):
+            name = _resolve(raw, by_name, by_need, file_of[other.name],
+                            f"relations.concurrent_with.{i}")
+            if own:
+                concurrent[name] = None
+            elif name == template.name:
+                concurrent[other.name] = None
+    for i, raw in enumerate(template.relations.concurrent_with):
+        name = _resolve(raw, by_name, by_need, file, f"relations.concurrent_with.{i}")
+        if any(excluded == name for excluded, _ in exclusive):
             raise TemplateError(
-                f"{file_of[template.name]}: execution_count/relations: a task would hold "
-                f"{count} locks (at most {MAX_LOCK_KEYS}): each exclusion costs the other "
-                "template's execution_count in keys"
-            )
-        resolved[need] = template.with_exclusions(exclusions)
-    return resolved
-
-
-def _exclusion_pairs(by_name: Mapping[str, Template], by_need: Mapping[NeedKind, Template],
-                     file_of: Mapping[str, str]) -> set[frozenset[str]]:
-    # An exclusion is symmetric whichever side declares it: a lock shared by two tasks holds
-    # each back for the other. So `depends_on` (wait while those run) is the same lock too.
-    pairs: set[frozenset[str]] = set()
-    for template in by_name.values():
-        declared = [(f"relations.exclusive_with.{i}", n)
-                    for i, n in enumerate(template.relations.exclusive_with)]
-        declared += [(f"depends_on.{i}", n) for i, n in enumerate(template.depends_on)]
-        for field, name in declared:
-            other = _resolve(name, by_name, by_need, file_of[template.name], field)
-            pairs.add(frozenset((template.name, other)))
-    return pairs
+                f"{file}: relations.concurrent_with.{i}: {name} is excluded from "
+                f"{template.name} (relations.exclusive_with, here or in {file_of[name]})")
+    depends = [Dependency(template=_resolve(r.template, by_name, by_need, file,
+                                            f"depends_on.{i}"),
+                          scope=r.scope, on_failure=r.on_failure)
+               for i, r in enumerate(template.depends_on)]
+    return TaskRelations(
+        template=template.name, concurrency=template.concurrency,
+        exclusive_with=[ExclusiveWith(template=n, scope=sc) for n, sc in exclusive],
+        concurrent_with=list(concurrent), depends_on=depends)
 
 
 def _resolve(name: str, by_name: Mapping[str, Template],
@@ -430,9 +480,12 @@ def plan(template: Template, need: OpsNeed, now: datetime, source: str,
     for i, s in enumerate(template.steps):
         try:
             action = _STEP_ACTION.validate_python(_action_input(s, values))
+            count = (s.execution_count if s.execution_count is not None
+                     else step_execution_count(action))
             steps.append(Step(
                 index=i, name=s.name, action=action, guard=s.guard, timeout_s=s.timeout_s,
                 max_attempts=s.max_attempts or template.retry.max_attempts,
+                execution_count=count,
             ))
         except ValidationError as err:
             raise PlanError(f"template {template.label}, step {s.name}: the need's values "
@@ -457,6 +510,8 @@ def plan(template: Template, need: OpsNeed, now: datetime, source: str,
             mutex_keys=lock_keys(template, need_values),
             dry_run=dry_run or need.dry_run,
             steps=steps,
+            execution_count=task_execution_count(template, steps),
+            relations=template.task_relations,
             evidence=list(need.evidence),
             ranges=need.ranges,
         )
@@ -466,11 +521,15 @@ def plan(template: Template, need: OpsNeed, now: datetime, source: str,
 
 
 def lock_keys(template: Template, need_values: Mapping[str, Scalar]) -> list[str]:
-    """The template's own locks, then its execution slot, then its exclusions (no repeats)."""
-    cluster, target = str(need_values["cluster"]), str(need_values["target"])
-    slot = slot_of(target, template.execution_count)
-    keys = [render_text(m, need_values) for m in template.mutex]
-    keys.append(execution_key(template.name, cluster, template.execution_count, slot))
-    for exclusion in template.exclusions:
-        keys += exclusion.keys(template.name, cluster, slot)
-    return list(dict.fromkeys(keys))
+    """The template's own locks (no repeats). Its concurrency and relations are not locks:
+    they ride on the task (`OpsTask.relations`) and the scheduler admits by them."""
+    return list(dict.fromkeys(render_text(m, need_values) for m in template.mutex))
+
+
+def task_execution_count(template: Template, steps: Iterable[Step]) -> int | None:
+    """The template's declared count, else the sum of its steps' (None if one is only known
+    at run time)."""
+    if template.execution_count is not None:
+        return template.execution_count
+    counts = [step.execution_count for step in steps]
+    return None if None in counts else sum(c for c in counts if c is not None)

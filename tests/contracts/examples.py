@@ -17,8 +17,10 @@ from schemas.events.v1 import (
     Command,
     CommandPayload,
     CommandResult,
+    Dependency,
     DrainNode,
     Evidence,
+    ExclusiveWith,
     Fault,
     GpuMetrics,
     HostMetrics,
@@ -47,6 +49,7 @@ from schemas.events.v1 import (
     Step,
     TaskControl,
     TaskEvent,
+    TaskRelations,
     TaskScheduled,
 )
 from schemas.ranges import Band, Ranges
@@ -94,8 +97,10 @@ def examples() -> dict[str, Envelope]:
     task = OpsTask(
         **envelope(6, "templater", str(TASK)), task_id=TASK, need_id=NEED, need_kind="offline",
         template="offline.v1", target="node-002", priority=1, mutex_keys=["node.node-002"],
-        steps=[Step(index=0, name="drain", action=DrainNode(node_id="node-002")),
-               Step(index=1, name="offline", action=OfflineNode(node_id="node-002")),
+        steps=[Step(index=0, name="drain", action=DrainNode(node_id="node-002"),
+                    execution_count=1),
+               Step(index=1, name="offline", action=OfflineNode(node_id="node-002"),
+                    execution_count=1),
                Step(index=2, name="add-capacity", action=AddCapacity(pool="default"),
                     guard="pool_above_range"),
                Step(index=3, name="migrate", action=MigrateJobs(pool="default",
@@ -103,6 +108,15 @@ def examples() -> dict[str, Envelope]:
                     guard="node_has_jobs", timeout_s=300.0)],
         evidence=[evidence],
         ranges=ranges,
+        execution_count=1,
+        relations=TaskRelations(
+            # As the built-in offline template's, plus two relations to templates no test
+            # loads, so tasks made from this example are held by nothing else.
+            template="offline", concurrency=16,
+            concurrent_with=["load_balance", "online", "scale_out", "scale_in"],
+            exclusive_with=[ExclusiveWith(template="firmware_update", scope="pool")],
+            depends_on=[Dependency(template="rack_check", scope="target",
+                                   on_failure="proceed")]),
     )
     payload = CommandPayload(command_id=CMD, cluster_id="local", node_id="node-002", seq=7,
                              epoch=3, issued_at=T0,

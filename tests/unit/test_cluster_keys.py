@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from agent.store import checkpoint_dir
 from schemas.envelope import CLUSTER_ID_PATTERN, IDENTIFIER_MAX
 from schemas.events.v1 import NeedKind
-from services.shared.locks import Exclusion, execution_key, job_lock, node_lock
+from services.shared.locks import job_lock, node_lock
 from services.shared.redis_client import Keys
 from services.templater.templates import load_templates, plan
 from tests.unit.templater.test_builtin_templates import need
@@ -45,17 +45,14 @@ def test_node_and_job_locks_of_two_clusters_differ_whatever_the_names(
     assert len(locks) == 4
 
 
-@given(two_clusters, st.integers(1, 16), st.integers(0, 15))
-def test_template_slots_and_exclusions_of_two_clusters_differ(
-    pair: tuple[str, str], slots: int, slot: int
+@given(two_clusters, st.sampled_from(["offline", "scale_out", "a-b_c"]))
+def test_template_semaphores_and_open_tasks_of_two_clusters_differ(
+    pair: tuple[str, str], template: str
 ) -> None:
     east, west = pair
-    slot %= slots
-    assert execution_key("offline", east, slots, slot) != execution_key("offline", west, slots,
-                                                                        slot)
-    exclusion = Exclusion.between("offline", slots, "scale_in", 2)
-    assert not (set(exclusion.keys("offline", east, slot))
-                & set(exclusion.keys("offline", west, slot)))
+    keys = Keys("t")
+    assert keys.semaphore(template, east) != keys.semaphore(template, west)
+    assert keys.open_tasks(east) != keys.open_tasks(west)
 
 
 def test_every_key_built_from_a_node_or_a_job_takes_the_cluster() -> None:

@@ -77,7 +77,10 @@ def describe_task(task: Mapping[str, Any]) -> str:
         f"{or_dash(task.get('target'))}",
         f"times     created {when(task.get('created_at'))}, updated "
         f"{when(task.get('updated_at'))}, finished {when(task.get('finished_at'))}",
+        f"executes  {ops(task.get('execution_count'))}",
     ]
+    if task.get("relations"):
+        lines.append(f"relations {relations_text(task['relations'])}")
     evidence = task.get("evidence") or []
     if evidence:
         lines.append("evidence")
@@ -86,10 +89,12 @@ def describe_task(task: Mapping[str, Any]) -> str:
                          f"[{ev.get('range_low')}, {ev.get('range_high')}] "
                          f"{ev.get('detail', '')}".rstrip())
     steps = task.get("steps") or []
+    counts = task.get("step_execution_counts") or []
     if steps:
         lines += ["", table(
-            ["#", "STEP", "ACTION", "GUARD", "STATE", "TRIES", "COMMAND", "RESULT"],
+            ["#", "STEP", "ACTION", "OPS", "GUARD", "STATE", "TRIES", "COMMAND", "RESULT"],
             [[str(s["index"]), or_dash(s.get("name")), or_dash(s.get("action")),
+              ops(counts[s["index"]], short=True) if s["index"] < len(counts) else "-",
               or_dash(s.get("guard")), s["state"], str(s.get("attempts", 0)),
               str(s["command_id"])[:8] if s.get("command_id") else "-",
               resources(s.get("outputs") or {}) or or_dash(s.get("reason"))]
@@ -104,6 +109,26 @@ def describe_task(task: Mapping[str, Any]) -> str:
                               t["actor"], or_dash(t.get("reason"))] for t in transitions],
                             max_width=80)]
     return "\n".join(lines)
+
+
+def ops(count: Any, short: bool = False) -> str:
+    """An execution count: how many ops (nodes, jobs); None is computed at run time."""
+    if count is None:
+        return "run time" if short else "computed at run time"
+    return str(count) if short else f"{count} op(s)"
+
+
+def relations_text(relations: Mapping[str, Any]) -> str:
+    """A template's concurrency and relations on one line."""
+    parts = [f"concurrency {relations.get('concurrency')}"]
+    exclusive = [f"{r['template']} ({r['scope']})" for r in relations.get("exclusive_with", [])]
+    depends = [f"{r['template']} ({r['scope']}, on failure {r['on_failure']})"
+               for r in relations.get("depends_on", [])]
+    for name, items in (("exclusive_with", exclusive), ("depends_on", depends),
+                        ("concurrent_with", relations.get("concurrent_with", []))):
+        if items:
+            parts.append(f"{name} {', '.join(items)}")
+    return "; ".join(parts)
 
 
 def transition_step(t: Mapping[str, Any]) -> str:

@@ -20,6 +20,8 @@ TaskState = Literal[
 # What an open circuit breaker of a task's kind stops: the kind in its cluster, the failing
 # node (ops tasks and ML routing), or the whole cluster's automation.
 BreakerScope = Literal["kind", "node", "cluster"]
+# How many ops (nodes, jobs) a step or a task executes.
+ExecutionCount = Annotated[int, Field(ge=0, le=10_000)]
 StepState = Literal["scheduled", "started", "completed", "failed", "skipped"]
 
 # Conditions re-checked on fresh state just before a step runs; a step whose guard does not
@@ -43,6 +45,47 @@ class Step(Strict):
     )
     timeout_s: Annotated[float, Field(gt=0.0, le=86_400.0)] = 60.0
     max_attempts: Annotated[int, Field(ge=1, le=10)] = 3
+    execution_count: ExecutionCount | None = Field(
+        default=None, description="How many ops the step executes (nodes added or removed, "
+        "jobs moved, 1 for a node action); None: computed when the step runs.",
+    )
+
+
+# Where a relation between two templates' tasks applies: anywhere in the cluster, on the same
+# pool, or on the same target.
+RelationScope = Literal["cluster", "pool", "target"]
+OnFailure = Literal["fail", "proceed"]
+
+
+class ExclusiveWith(Strict):
+    """A template whose running tasks hold this task back (both ways) within `scope`."""
+
+    template: Identifier
+    scope: RelationScope = "cluster"
+
+
+class Dependency(Strict):
+    """A template whose tasks open when this one was queued must finish before it starts;
+    `on_failure` says what this task does if one of them failed."""
+
+    template: Identifier
+    scope: RelationScope = "cluster"
+    on_failure: OnFailure = "fail"
+
+
+class TaskRelations(Strict):
+    """How a task stands to other tasks, resolved from its template (names, not need kinds).
+
+    The scheduler admits a task only while at most `concurrency` tasks of its template run in
+    its cluster, no task it excludes runs, no task of another template runs on its pool unless
+    either template is `concurrent_with` the other, and every task it depends on has finished.
+    """
+
+    template: Identifier = Field(description="The template's name (not its label).")
+    concurrency: Annotated[int, Field(ge=1, le=1024)] = 1
+    exclusive_with: list[ExclusiveWith] = Field(default_factory=list, max_length=32)
+    concurrent_with: list[Identifier] = Field(default_factory=list, max_length=32)
+    depends_on: list[Dependency] = Field(default_factory=list, max_length=16)
 
 
 class OpsTask(Envelope):
@@ -71,6 +114,14 @@ class OpsTask(Envelope):
     )
     dry_run: bool = False
     steps: list[Step] = Field(min_length=1, max_length=64)
+    execution_count: ExecutionCount | None = Field(
+        default=None, description="How many ops the task executes (its template's count: "
+        "nodes taken offline, nodes added, jobs moved); None: computed at run time.",
+    )
+    relations: TaskRelations | None = Field(
+        default=None, description="Its template's concurrency and relations; None (a child "
+        "task, an older producer): only its locks hold it back.",
+    )
     evidence: list[Evidence] = Field(default_factory=list, max_length=32)
     ranges: Ranges | None = Field(
         default=None, description="The ranges of the need, which the guards and plans check; "

@@ -18,6 +18,7 @@ from services.scheduler.breaker_store import UNREADABLE, BreakerStore
 from services.scheduler.handlers import Scheduler
 from services.scheduler.queue import TaskQueue
 from services.scheduler.rate_limit import RateLimiter
+from services.scheduler.relations_store import RelationStore
 from services.scheduler.safety_store import ADMIT_IN_FLIGHT, SafetyStore
 from services.scheduler.settings import SchedulerSettings
 from services.shared.audit import AuditLog
@@ -25,14 +26,16 @@ from services.shared.redis_client import Keys, connect_redis
 from tests.service.scheduler.helpers import Clock, RecordingBus, final_event, pool_health, task
 
 
-def scheduler(redis: Redis, keys: Keys, clock: Clock, **settings: Any) -> Scheduler:
+def scheduler(redis: Redis, keys: Keys, clock: Clock, *, relations: bool = False,
+              **settings: Any) -> Scheduler:
     config = SchedulerSettings(**({"rate_burst": 100} | settings))
     return Scheduler(config, TaskQueue(redis, keys), RecordingBus(),
                      BreakerStore(redis, keys, config.breaker_config, clock=clock),
                      SafetyStore(redis, keys, config.pool_health_ttl_s),
                      RateLimiter(redis, keys, config.rate_per_s, config.rate_burst,
                                  clock=clock),
-                     clock=clock.utc)
+                     clock=clock.utc,
+                     relations=RelationStore(redis, keys) if relations else None)
 
 
 def bus(s: Scheduler) -> RecordingBus:

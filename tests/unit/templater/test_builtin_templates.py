@@ -118,9 +118,33 @@ def test_capacity_steps_compute_their_count_when_they_run() -> None:
 )
 def test_mutex_keys(kind: NeedKind, own_keys: list[str]) -> None:
     task = plan(load_templates()[kind], need(kind), NOW, "templater")
-    assert task.mutex_keys[:-1] == own_keys
-    # The last key is the template's execution slot in the cluster.
-    assert task.mutex_keys[-1].startswith(f"tpl.{kind}.local.")
+    # Only its own locks: the template's concurrency is a semaphore, not a slot key.
+    assert task.mutex_keys == own_keys
+
+
+@pytest.mark.parametrize(
+    ("kind", "count", "concurrency"),
+    [("offline", 1, 16), ("online", 1, 16), ("load_balance", 1, 8),
+     ("scale_out", None, 4), ("scale_in", None, 4)],
+)
+def test_execution_count_and_concurrency(kind: NeedKind, count: int | None,
+                                         concurrency: int) -> None:
+    # Offline: one node per task; load_balance: one job moved; scaling: nodes computed at
+    # run time (None, shown as such).
+    task = plan(load_templates()[kind], need(kind), NOW, "templater")
+    assert task.execution_count == count
+    assert task.relations is not None
+    assert task.relations.concurrency == concurrency
+
+
+def test_the_builtin_templates_keep_running_alongside_each_other() -> None:
+    # The default exclusion on a pool is lifted between every pair the templates list, and
+    # scale_out and scale_in of a pool stay apart (their pool lock keeps them apart too).
+    registry = load_templates()
+    concurrent = {t.name: set(t.task_relations.concurrent_with) for t in registry.values()}
+    assert concurrent["offline"] == {"online", "load_balance", "scale_out", "scale_in"}
+    assert "scale_in" not in concurrent["scale_out"]
+    assert all(t.task_relations.exclusive_with == [] for t in registry.values())
 
 
 def test_scale_out_and_scale_in_of_one_pool_share_the_pool_lock() -> None:

@@ -1,22 +1,16 @@
 """The template format: placeholders and parameters, load errors that name the file and the
-field, the registry, and the lock keys of execution counts and relations."""
+field, the registry, execution counts, and the relations tasks carry."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from datetime import UTC, datetime
-from itertools import product
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from schemas.events.v1 import NeedKind, OpsNeed
-from services.shared.locks import slot_of
+from schemas.events.v1 import Dependency, ExclusiveWith, NeedKind, OpsNeed, OpsTask
 from services.templater.templates import (
     PlanError,
     Template,
@@ -103,7 +97,14 @@ def load_error(tmp_path: Path, data: dict[str, Any]) -> str:
         (template(mutex=["node.{target}"]), "mutex.0", "does not name {cluster}"),
         (template(mutex=["node.{node}"]), "mutex.0", "unknown placeholder {node}"),
         (template(name="drain.only"), "name", "should match pattern"),
-        (template(execution_count=17), "execution_count", "less than or equal to 16"),
+        (template(concurrency=0), "concurrency", "greater than or equal to 1"),
+        (template(execution_count=-1), "execution_count", "greater than or equal to 0"),
+        (template(steps=[step(execution_count="two")]), "steps.0.execution_count",
+         "valid integer"),
+        (template(relations={"exclusive_with": [{"template": "online", "scope": "rack"}]}),
+         "relations.exclusive_with.0.scope", "Input should be"),
+        (template(depends_on=[{"template": "online", "on_failure": "retry"}]),
+         "depends_on.0.on_failure", "Input should be"),
         (template(parameters={"target": "x"}), "parameters.target", "reserved"),
         (template(parameters={"unused": 1}), "parameters.unused", "not used by any step"),
         (template(retry={"max_attempts": 3, "backoff_s": 2}), "retry.backoff_s",
@@ -111,7 +112,8 @@ def load_error(tmp_path: Path, data: dict[str, Any]) -> str:
         (template(relations={"exclusive_with": ["drain_only"]}),
          "relations.exclusive_with.0", "cannot relate to itself"),
         (template(relations={"concurrent_with": ["online"], "exclusive_with": ["online"]}),
-         "relations.concurrent_with.0", "also in relations.exclusive_with or depends_on"),
+         "relations.concurrent_with.0", "also in relations.exclusive_with"),
+        (template(depends_on=["offline"]), "depends_on.0", "cannot relate to itself"),
         (template(relations={"parallel": ["online"]}), "relations.parallel", "Extra inputs"),
     ],
 )
@@ -245,110 +247,71 @@ def test_concurrent_with_an_excluded_template_is_an_error(tmp_path: Path) -> Non
         load_templates(tmp_path)
 
 
-def test_too_many_lock_keys_is_an_error(tmp_path: Path) -> None:
-    write(tmp_path, "a.yaml", template(name="a", execution_count=16))
-    write(tmp_path, "b.yaml", template(name="b", need="online", depends_on=["a"]))
-    with pytest.raises(TemplateError, match=r"^b.yaml: execution_count/relations: a task "
-                                            r"would hold 18 locks"):
-        load_templates(tmp_path)
-
-
 def test_relations_need_the_registry(tmp_path: Path) -> None:
     loaded = load_template(write(tmp_path, "a.yaml", template(depends_on=["online"])))
     with pytest.raises(TemplateError, match="resolved by load_templates"):
         plan(loaded, need(), NOW, "templater")
 
 
-# ---------------------------------------------------------------- locks
+# ---------------------------------------------------------------- locks and relations
 
 
-def keys_of(template: Template, target: str, kind: NeedKind = "offline") -> set[str]:
-    return set(plan(template, need(kind, target), NOW, "templater").mutex_keys)
+def planned(template: Template, target: str = "node-002",
+            kind: NeedKind = "offline") -> OpsTask:
+    return plan(template, need(kind, target), NOW, "templater")
 
 
-def test_execution_count_one_is_one_key_per_cluster(tmp_path: Path) -> None:
-    loaded = load_template(write(tmp_path, "t.yaml", template()))
-    assert plan(loaded, need(), NOW, "templater").mutex_keys == [
-        "node.local.node-002", "tpl.drain_only.local",
-    ]
-    # Two nodes, one slot: they wait for each other.
-    assert keys_of(loaded, "node-001") & keys_of(loaded, "node-002") == {"tpl.drain_only.local"}
+def test_a_task_holds_its_own_locks_only(tmp_path: Path) -> None:
+    # Concurrency and relations are no lock keys any more: two targets of one template share
+    # no key, so nothing but the template's semaphore bounds how many run.
+    loaded = load_template(write(tmp_path, "t.yaml", template(concurrency=4)))
+    assert planned(loaded).mutex_keys == ["node.local.node-002"]
+    assert not set(planned(loaded, "node-001").mutex_keys) & set(planned(loaded).mutex_keys)
+    relations = planned(loaded).relations
+    assert relations is not None
+    assert relations.concurrency == 4
 
 
-def test_execution_count_n_spreads_targets_over_n_slots(tmp_path: Path) -> None:
-    loaded = load_template(write(tmp_path, "t.yaml", template(execution_count=4)))
-    slots = {
-        next(k for k in keys_of(loaded, f"node-{i:03}") if k.startswith("tpl."))
-        for i in range(40)
-    }
-    assert slots == {f"tpl.drain_only.local.{i}" for i in range(4)}
-
-
-SLOT_TARGETS = [f"node-{i:03}" for i in range(40)] + ["gpu-a100-x", "ñode-ü", ""]
-SLOT_COUNTS = [1, 2, 3, 4, 7, 16]
-SLOTS_SCRIPT = (
-    "import json, sys\n"
-    "from services.shared.locks import slot_of\n"
-    "targets, counts = json.loads(sys.argv[1])\n"
-    "print(json.dumps([[slot_of(t, n) for n in counts] for t in targets]))\n"
-)
-
-
-def slots_in_a_new_process(hash_seed: str) -> list[list[int]]:
-    """slot_of of every SLOT_TARGETS x SLOT_COUNTS, computed by a fresh interpreter whose
-    str hash is salted with `hash_seed`."""
-    done = subprocess.run(
-        [sys.executable, "-c", SLOTS_SCRIPT, json.dumps([SLOT_TARGETS, SLOT_COUNTS])],
-        env={**os.environ, "PYTHONHASHSEED": hash_seed},
-        cwd=Path(__file__).resolve().parents[3],
-        capture_output=True, text=True, timeout=60, check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    slots: list[list[int]] = json.loads(done.stdout)
-    return slots
-
-
-def test_a_targets_slot_is_the_same_in_every_process() -> None:
-    # Each process (scheduler, templater replicas) computes the slot on its own, and Python
-    # salts its str hash per process: two interpreters with different salts must agree.
-    first, second = slots_in_a_new_process("1"), slots_in_a_new_process("2")
-    here = [[slot_of(t, n) for n in SLOT_COUNTS] for t in SLOT_TARGETS]
-    assert first == second, "slot_of differs between processes with different hash seeds"
-    assert first == here, "slot_of differs between a new process and this one"
-    assert all(0 <= slot < n for row in here for slot, n in zip(row, SLOT_COUNTS, strict=True))
-
-
-@pytest.mark.parametrize(("a_slots", "b_slots"), [(1, 1), (1, 3), (4, 1), (3, 5)])
-def test_an_exclusion_holds_back_the_other_template_only(
-    tmp_path: Path, a_slots: int, b_slots: int
-) -> None:
-    # Declared on one side only (depends_on): the lock is shared by both.
-    write(tmp_path, "a.yaml", template(name="a", execution_count=a_slots,
-                                       mutex=["a.{cluster}.{target}"]))
-    write(tmp_path, "b.yaml", template(name="b", need="online", execution_count=b_slots,
-                                       mutex=["b.{cluster}.{target}"], depends_on=["offline"]))
+def test_an_exclusion_declared_on_one_side_holds_on_both(tmp_path: Path) -> None:
+    write(tmp_path, "a.yaml", template(name="a", mutex=["a.{cluster}.{target}"],
+                                       relations={"exclusive_with": [
+                                           {"template": "online", "scope": "pool"}]}))
+    write(tmp_path, "b.yaml", template(name="b", need="online", mutex=["b.{cluster}.{target}"]))
     registry = load_templates(tmp_path)
-    targets = [f"node-{i:03}" for i in range(12)]
-    a_keys = {t: keys_of(registry["offline"], t) for t in targets}
-    b_keys = {t: keys_of(registry["online"], t, "online") for t in targets}
-    for ta, tb in product(targets, targets):
-        assert any(k.startswith("excl.a.b.local") for k in a_keys[ta] & b_keys[tb])
-    # Two tasks of one template in different slots share no key at all.
-    for keys, slots in ((a_keys, a_slots), (b_keys, b_slots)):
-        for t1, t2 in product(targets, targets):
-            if t1 != t2 and slot_of(t1, slots) != slot_of(t2, slots):
-                assert not keys[t1] & keys[t2]
+    assert registry["offline"].task_relations.exclusive_with == [
+        ExclusiveWith(template="b", scope="pool")]
+    assert registry["online"].task_relations.exclusive_with == [
+        ExclusiveWith(template="a", scope="pool")]
 
 
-def test_a_one_slot_exclusion_is_one_shared_key(tmp_path: Path) -> None:
-    write(tmp_path, "x.yaml", template(name="zeta", relations={"exclusive_with": ["alpha"]}))
-    write(tmp_path, "y.yaml", template(name="alpha", need="online",
-                                       relations={"exclusive_with": ["zeta"]}))
+def test_a_bare_name_is_a_cluster_wide_relation(tmp_path: Path) -> None:
+    write(tmp_path, "a.yaml", template(name="a", relations={"exclusive_with": ["b"]},
+                                       depends_on=["online"]))
+    write(tmp_path, "b.yaml", template(name="b", need="online"))
+    relations = load_templates(tmp_path)["offline"].task_relations
+    assert relations.exclusive_with == [ExclusiveWith(template="b", scope="cluster")]
+    assert relations.depends_on == [Dependency(template="b", scope="cluster",
+                                               on_failure="fail")]
+
+
+def test_depends_on_is_an_order_not_an_exclusion(tmp_path: Path) -> None:
+    write(tmp_path, "a.yaml", template(name="a", depends_on=[
+        {"template": "b", "scope": "target", "on_failure": "proceed"}]))
+    write(tmp_path, "b.yaml", template(name="b", need="online"))
     registry = load_templates(tmp_path)
-    assert plan(registry["offline"], need(), NOW, "templater").mutex_keys == [
-        "node.local.node-002", "tpl.zeta.local", "excl.alpha.zeta.local",
-    ]
-    assert "excl.alpha.zeta.local" in keys_of(registry["online"], "node-009", "online")
+    assert registry["offline"].task_relations.depends_on == [
+        Dependency(template="b", scope="target", on_failure="proceed")]
+    # The other side is not held back by it: it carries no relation to a.
+    assert registry["online"].task_relations.exclusive_with == []
+    assert registry["online"].task_relations.depends_on == []
+
+
+def test_concurrent_with_is_symmetric(tmp_path: Path) -> None:
+    write(tmp_path, "a.yaml", template(name="a", relations={"concurrent_with": ["online"]}))
+    write(tmp_path, "b.yaml", template(name="b", need="online"))
+    registry = load_templates(tmp_path)
+    assert registry["offline"].task_relations.concurrent_with == ["b"]
+    assert registry["online"].task_relations.concurrent_with == ["a"]
 
 
 def test_a_relation_may_name_a_need_kind(tmp_path: Path) -> None:
@@ -356,4 +319,37 @@ def test_a_relation_may_name_a_need_kind(tmp_path: Path) -> None:
     write(tmp_path, "b.yaml", template(name="b", need="online",
                                        relations={"exclusive_with": ["offline"]}))
     registry = load_templates(tmp_path)
-    assert "excl.a.b.local" in keys_of(registry["offline"], "node-001")
+    assert registry["offline"].task_relations.exclusive_with == [
+        ExclusiveWith(template="b", scope="cluster")]
+
+
+# ---------------------------------------------------------------- execution counts
+
+
+def test_a_declared_execution_count_is_the_tasks(tmp_path: Path) -> None:
+    loaded = load_template(write(tmp_path, "t.yaml", template(execution_count=1, steps=[
+        step(name="drain"),
+        step(name="move", action="migrate_jobs", args={"pool": "{pool}", "max_jobs": 3})])))
+    task = planned(loaded)
+    assert task.execution_count == 1
+    assert [s.execution_count for s in task.steps] == [1, 3]
+
+
+def test_an_undeclared_count_sums_the_steps_or_waits_for_run_time(tmp_path: Path) -> None:
+    counted = load_template(write(tmp_path, "a.yaml", template(steps=[
+        step(name="add", action="add_capacity", args={"pool": "{pool}", "nodes": 2}),
+        step(name="move", action="migrate_jobs", args={"pool": "{pool}", "max_jobs": 3})])))
+    assert planned(counted).execution_count == 5
+    at_run_time = load_template(write(tmp_path, "b.yaml", template(steps=[
+        step(name="add", action="add_capacity", args={"pool": "{pool}", "nodes": 0}),
+        step(name="drain")])))
+    task = planned(at_run_time)
+    assert task.execution_count is None
+    assert [s.execution_count for s in task.steps] == [None, 1]
+
+
+def test_a_steps_declared_count_wins_over_its_action(tmp_path: Path) -> None:
+    loaded = load_template(write(tmp_path, "a.yaml", template(steps=[
+        step(name="add", action="add_capacity", args={"pool": "{pool}"},
+             execution_count=2)])))
+    assert planned(loaded).steps[0].execution_count == 2

@@ -95,8 +95,24 @@ function gantt(task) {
         h("span", {}, task.finished_at ? fmtTime(task.finished_at) : "now"))));
 }
 
+// An execution count: how many ops (nodes added or removed, jobs moved, nodes taken offline);
+// null means the count is computed when the step or task runs.
+function opsText(count) {
+  return count === null || count === undefined ? "computed at run time" : `${count} op${count === 1 ? "" : "s"}`;
+}
+
+function relationsText(rel) {
+  if (!rel) return "—";
+  const parts = [`concurrency ${rel.concurrency}`];
+  if (rel.exclusive_with?.length) parts.push(`exclusive with ${rel.exclusive_with.map((r) => `${r.template} (${r.scope})`).join(", ")}`);
+  if (rel.depends_on?.length) parts.push(`depends on ${rel.depends_on.map((r) => `${r.template} (${r.scope}, on failure ${r.on_failure})`).join(", ")}`);
+  if (rel.concurrent_with?.length) parts.push(`concurrent with ${rel.concurrent_with.join(", ")}`);
+  return parts.join("; ");
+}
+
 function stepCard(task, st) {
   const { pairs, rest } = splitOutputs(st.outputs);
+  const counts = task.step_execution_counts || [];
   const current = !FINAL.has(task.state) && task.current_step === st.index;
   const args = st.action_args && Object.keys(st.action_args).length
     ? Object.entries(st.action_args).map(([k, v]) => `${k}=${fmtValue(v)}`).join(" ") : null;
@@ -112,7 +128,8 @@ function stepCard(task, st) {
       st.ended_at ? h("span", {}, `ended ${fmtTime(st.ended_at)}`) : null,
       st.started_at ? h("span", {}, fmtDuration(since(st.started_at, st.ended_at))) : null,
       h("span", {}, `attempt${st.attempts === 1 ? "" : "s"} ${st.attempts}${st.max_attempts ? ` of ${st.max_attempts}` : ""}`),
-      st.timeout_s ? h("span", {}, `timeout ${fmtDuration(st.timeout_s)}`) : null),
+      st.timeout_s ? h("span", {}, `timeout ${fmtDuration(st.timeout_s)}`) : null,
+      st.index < counts.length ? h("span", { "data-testid": "step-ops" }, `executes ${opsText(counts[st.index])}`) : null),
     st.command_id ? h("div", { class: "step-meta" }, "command ", h("code", { title: st.command_id }, st.command_id)) : null,
     args ? h("div", { class: "step-meta" }, "args ", h("code", {}, args)) : null,
     resources(pairs),
@@ -183,6 +200,8 @@ function render(container, task, refresh) {
         ["Template", task.template ?? "—"],
         ["Need", task.need_kind ? `${task.need_kind}${task.need_id ? ` (${shortId(task.need_id)})` : ""}` : "—"],
         ["Priority", task.priority ?? "—"],
+        ["Executes", task.plan ? opsText(task.execution_count) : "—"],
+        ["Relations", relationsText(task.relations)],
         ["Step", task.current_step === null ? "—" : `${task.current_step + 1} of ${task.step_count ?? task.steps.length}`],
         ["Created", fmtTime(task.created_at)],
         ["Updated", `${fmtTime(task.updated_at)} (${fmtAgo(task.updated_at)})`],
