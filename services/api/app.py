@@ -7,7 +7,6 @@ so reads keep working while it is down. The web console is served at `/`.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -20,6 +19,8 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from common.telemetry import setup_telemetry
+from schemas.events.v1 import TemplateChanged
+from schemas.topics import Topic
 from services.analyzer.settings import AnalyzerSettings
 from services.api import templates
 from services.api.auth import load_tokens
@@ -37,6 +38,8 @@ from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import configure_logging
 from services.store.db import migrate, open_store
 from services.store.settings import default_database_url
+from services.store.template_seed import seed_templates
+from services.store.template_versions import TemplateBook
 
 log = logging.getLogger("clusterwarden.api")
 CONSOLE_DIR = Path(__file__).parent / "console"
@@ -47,6 +50,10 @@ MAX_BODY_BYTES = 256 * 1024
 
 def database_url(settings: ApiSettings) -> str:
     return settings.database_url or default_database_url(settings.state_dir)
+
+
+async def _nobody(_: TemplateChanged) -> None:
+    return None
 
 
 def create_api(settings: ApiSettings | None = None) -> FastAPI:
@@ -68,12 +75,19 @@ def create_api(settings: ApiSettings | None = None) -> FastAPI:
         redis = connect_redis(settings.redis_url)
         keys = Keys(settings.namespace)
         publisher = Publisher(settings, telemetry, settings.publish_timeout_s)
+
+        async def notify(event: TemplateChanged) -> None:
+            await publisher.publish(Topic.OPS_TEMPLATE_CHANGES, event)
+
+        book = TemplateBook(store, notify)
+        # Telling nobody: the templaters seed the same release themselves when they start.
+        await seed_templates(TemplateBook(store, _nobody), templates.seed_folder(
+            settings.template_dir), actor="api")
         app.state.runtime = Runtime(
             settings=settings, tokens=tokens, store=store, redis=redis, keys=keys,
             reader=ClusterReader(redis, keys, SchedulerSettings()),
             analyzer=AnalyzerSettings(), publisher=publisher,
-            template_folder=templates.folder_for(settings.template_dir, settings.state_dir),
-            template_lock=asyncio.Lock(),
+            templates=book,
             forecasts=ForecastCache(settings.forecast_ttl_s),
         )
         try:

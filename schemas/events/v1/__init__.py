@@ -109,6 +109,8 @@ from schemas.events.v1.tasks import (
     TaskEvent,
     TaskScheduled,
     TaskState,
+    TemplateChanged,
+    TemplateOrigin,
 )
 from schemas.events.v1.values import (
     Attempt,
@@ -144,6 +146,7 @@ EVENT_MODELS: dict[str, type[Envelope]] = {
     "ml_task_submitted": MlTaskSubmitted,
     "ml_task_outcome": MlTaskOutcome,
     "model_selected": ModelSelected,
+    "template_changed": TemplateChanged,
 }
 
 
@@ -248,6 +251,8 @@ __all__ = [
     "TaskEvent",
     "TaskScheduled",
     "TaskState",
+    "TemplateChanged",
+    "TemplateOrigin",
     "UndrainNode",
     "now_utc",
     "state_from_mode",
