@@ -18,12 +18,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from common.telemetry import setup_telemetry
+from common.telemetry import Telemetry, setup_telemetry
 from schemas.events.v1 import TemplateChanged
 from schemas.topics import Topic
 from services.analyzer.settings import AnalyzerSettings
 from services.api import templates
-from services.api.auth import load_tokens
+from services.api.auth import TokenTable, load_tokens
 from services.api.cluster import ClusterReader
 from services.api.deps import Runtime, audit, client_detail
 from services.api.forecasting import ForecastCache
@@ -56,6 +56,30 @@ async def _nobody(_: TemplateChanged) -> None:
     return None
 
 
+async def _runtime(settings: ApiSettings, tokens: TokenTable, telemetry: Telemetry) -> Runtime:
+    """The connections, made once at start: the schema migrated, the templates seeded."""
+    url = database_url(settings)
+    await migrate(url)
+    store = open_store(url)
+    redis = connect_redis(settings.redis_url)
+    keys = Keys(settings.namespace)
+    publisher = Publisher(settings, telemetry, settings.publish_timeout_s)
+
+    async def notify(event: TemplateChanged) -> None:
+        await publisher.publish(Topic.OPS_TEMPLATE_CHANGES, event)
+
+    # Telling nobody: the templaters seed the same release themselves when they start.
+    await seed_templates(TemplateBook(store, _nobody),
+                         templates.seed_folder(settings.template_dir), actor="api")
+    return Runtime(
+        settings=settings, tokens=tokens, store=store, redis=redis, keys=keys,
+        reader=ClusterReader(redis, keys, SchedulerSettings()),
+        analyzer=AnalyzerSettings(), publisher=publisher,
+        templates=TemplateBook(store, notify),
+        forecasts=ForecastCache(settings.forecast_ttl_s),
+    )
+
+
 def create_api(settings: ApiSettings | None = None) -> FastAPI:
     """The API application (settings from the environment unless given)."""
     settings = settings or ApiSettings()
@@ -69,33 +93,14 @@ def create_api(settings: ApiSettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        url = database_url(settings)
-        await migrate(url)
-        store = open_store(url)
-        redis = connect_redis(settings.redis_url)
-        keys = Keys(settings.namespace)
-        publisher = Publisher(settings, telemetry, settings.publish_timeout_s)
-
-        async def notify(event: TemplateChanged) -> None:
-            await publisher.publish(Topic.OPS_TEMPLATE_CHANGES, event)
-
-        book = TemplateBook(store, notify)
-        # Telling nobody: the templaters seed the same release themselves when they start.
-        await seed_templates(TemplateBook(store, _nobody), templates.seed_folder(
-            settings.template_dir), actor="api")
-        app.state.runtime = Runtime(
-            settings=settings, tokens=tokens, store=store, redis=redis, keys=keys,
-            reader=ClusterReader(redis, keys, SchedulerSettings()),
-            analyzer=AnalyzerSettings(), publisher=publisher,
-            templates=book,
-            forecasts=ForecastCache(settings.forecast_ttl_s),
-        )
+        rt = await _runtime(settings, tokens, telemetry)
+        app.state.runtime = rt
         try:
             yield
         finally:
-            await publisher.close()
-            await redis.aclose()
-            await store.close()
+            await rt.publisher.close()
+            await rt.redis.aclose()
+            await rt.store.close()
 
     app = FastAPI(
         title="ClusterWarden API",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from uuid import uuid4
 
 from faststream import FastStream
 
@@ -47,7 +46,8 @@ def create_app(settings: TemplaterSettings | None = None) -> FastStream:
 
     subscribe(broker, settings, Topic.OPS_NEEDS, "templater", templater.on_need)
     # A group of its own per process: every templater instance must hear every change.
-    subscribe(broker, settings, Topic.OPS_TEMPLATE_CHANGES, f"templater-{uuid4().hex[:12]}",
+    subscribe(broker, settings, Topic.OPS_TEMPLATE_CHANGES,
+              f"templater-changes-{settings.instance}",
               live.on_template_change)
     return build_app(broker, settings, starters=[load],
                      loops=[("template-reload", settings.reload_interval_s, live.tick)],
