@@ -26,6 +26,8 @@ import asyncio
 import os
 import socket
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from uuid import UUID
 
@@ -103,6 +105,26 @@ async def screenshot(page: Page, label: str) -> None:
     """Keep the page for the README when CONSOLE_SCREENSHOT_DIR says where."""
     if path := screenshot_path(label):
         await page.screenshot(path=str(path), full_page=True)
+
+
+@asynccontextmanager
+async def chromium_pages(chromium: str, count: int) -> AsyncIterator[tuple[list[Page], list[str]]]:
+    """`count` pages of one headless Chromium, and the page errors they raise (which a test
+    asserts empty at its end)."""
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=chromium, headless=True,
+                                           args=["--no-sandbox"])
+        errors: list[str] = []
+        pages = []
+        for _ in range(count):
+            page = await browser.new_page(viewport={"width": 1440, "height": 900})
+            page.set_default_timeout(WAIT_MS)
+            page.on("pageerror", lambda err: errors.append(str(err)))
+            pages.append(page)
+        try:
+            yield pages, errors
+        finally:
+            await browser.close()
 
 
 def events_of(watch: Tap, task_id: UUID) -> list[TaskEvent]:

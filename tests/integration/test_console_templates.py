@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from playwright.async_api import Page, async_playwright, expect
+from playwright.async_api import Page, expect
 
 from schemas.events.v1 import TemplateChanged
 from services.store.db import migrate, open_store
@@ -23,7 +23,13 @@ from services.store.template_seed import seed_templates
 from services.store.template_versions import SaveRequest, TemplateBook, history, state_of
 from services.templater.templates import TEMPLATE_DIR
 from tests.integration.harness import services, stack_env
-from tests.integration.test_console import WAIT_MS, free_port, screenshot, wait_healthy
+from tests.integration.test_console import (
+    WAIT_MS,
+    chromium_pages,
+    free_port,
+    screenshot,
+    wait_healthy,
+)
 from tests.integration.test_console_ml import sign_in
 from warden import launcher
 
@@ -85,12 +91,10 @@ async def test_an_admin_pins_and_rolls_back_a_template_in_the_console(
     kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path, chromium: str
 ) -> None:
     port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    database_url = f"sqlite+aiosqlite:///{tmp_path / 'warden.db'}"
-    env = stack_env(
-        kafka_bootstrap, redis_url, namespace, tmp_path, DATABASE_URL=database_url,
-        API_HOST="127.0.0.1", API_PORT=str(port),
-        API_TOKENS=f"{ADMIN_TOKEN}:ada:admin,{VIEWER_TOKEN}:vic:viewer")
+    base, database_url = f"http://127.0.0.1:{port}", f"sqlite+aiosqlite:///{tmp_path / 'w.db'}"
+    tokens = f"{ADMIN_TOKEN}:ada:admin,{VIEWER_TOKEN}:vic:viewer"
+    env = stack_env(kafka_bootstrap, redis_url, namespace, tmp_path, DATABASE_URL=database_url,
+                    API_HOST="127.0.0.1", API_PORT=str(port), API_TOKENS=tokens)
     await migrate(database_url)
     store = open_store(database_url)
     try:
@@ -99,21 +103,12 @@ async def test_an_admin_pins_and_rolls_back_a_template_in_the_console(
         await book.save(SaveRequest(
             name="load_balance", text=LB.replace("jobs_per_run: 1", "jobs_per_run: 2"),
             origin="manual", actor="ada", role="admin", reason="two jobs per run"))
-        async with services(env, tmp_path, (launcher.API,)), async_playwright() as pw:
+        async with services(env, tmp_path, (launcher.API,)):
             await wait_healthy(base, 120)
-            browser = await pw.chromium.launch(executable_path=chromium, headless=True,
-                                               args=["--no-sandbox"])
-            errors: list[str] = []
-            pages = []
-            for _ in range(2):
-                page = await browser.new_page(viewport={"width": 1440, "height": 900})
-                page.set_default_timeout(WAIT_MS)
-                page.on("pageerror", lambda err: errors.append(str(err)))
-                pages.append(page)
-            await admin_pins_and_rolls_back(pages[0], base)
-            await viewer_may_only_read(pages[1], base)
-            assert not errors, errors
-            await browser.close()
+            async with chromium_pages(chromium, 2) as (pages, errors):
+                await admin_pins_and_rolls_back(pages[0], base)
+                await viewer_may_only_read(pages[1], base)
+                assert not errors, errors
         async with store.session() as session:
             versions = await history(session, "load_balance")
             state = await state_of(session, "load_balance")
