@@ -46,8 +46,9 @@ async def seed_templates(book: TemplateBook, folder: Path,
         try:
             saved = await _seed_once(book, builtin, actor)
             break
-        except sa_exc.IntegrityError:
-            # Another process seeded at the same moment: look again at what it left.
+        except (sa_exc.IntegrityError, sa_exc.OperationalError):
+            # Another process seeded at the same moment (a version taken, or on SQLite a
+            # snapshot another writer moved on): look again at what it left.
             if attempt == SAVE_ATTEMPTS - 1:
                 raise
     for name, version in saved:

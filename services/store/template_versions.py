@@ -180,7 +180,7 @@ class TemplateBook:
         for attempt in range(SAVE_ATTEMPTS):
             try:
                 saved = await self._save_once(request)
-            except sa_exc.IntegrityError:
+            except (sa_exc.IntegrityError, sa_exc.OperationalError):
                 if attempt == SAVE_ATTEMPTS - 1:
                     raise
                 continue
