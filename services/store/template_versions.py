@@ -45,7 +45,7 @@ SAVE_ATTEMPTS = 3
 _ROW = ConfigDict(from_attributes=True, frozen=True)
 # The audit action of a new version, by where it came from.
 AUDIT_ACTIONS: dict[str, str] = {"manual": "template_save", "rollback": "template_rollback",
-                                 "tuned": "template_tuned", "builtin": "template_seed"}
+                                 "tuned": "template_tuned"}
 
 
 class VersionRow(BaseModel):
@@ -231,6 +231,10 @@ class TemplateBook:
             state.updated_at = now
         await session.flush()
         saved = VersionRow.model_validate(row)
+        if request.origin == "builtin":
+            # A release's own templates: the version row says where it came from; the audit
+            # log is for what someone (an operator, the tuner) chose to change.
+            return saved
         await append_audit(
             session, actor=saved.actor, role=request.role,
             action=AUDIT_ACTIONS[request.origin], target=f"template/{request.name}",
