@@ -40,6 +40,8 @@ class Tuner:
     def __init__(self, measures: Measures, book: TemplateBook) -> None:
         self.measures = measures
         self.book = book
+        # What was last said of each pinned template: said again only when it changes.
+        self._pinned_said: dict[str, int] = {}
 
     async def on_samples(self, batch: SampleBatch) -> None:
         """A batch of samples: each working node's throughput into its pool's measures."""
@@ -71,7 +73,11 @@ class Tuner:
         tuning = template.tuning
         assert tuning is not None
         if decision.verdict == "pinned":
-            log.info("template %s is pinned: %s", row.name, decision.reason)
+            if self._pinned_said.get(row.name) != decision.value:
+                log.info("template %s is pinned: %s", row.name, decision.reason)
+            self._pinned_said[row.name] = decision.value
+        else:
+            self._pinned_said.pop(row.name, None)
         if not decision.acts:
             return Outcome(row.name, decision)
         text = with_parameter(row.yaml, tuning.parameter, decision.value)
