@@ -46,7 +46,7 @@ bench: setup
 
 # The AsyncAPI document of every service's subscriptions, from the code (docs/asyncapi/).
 asyncapi: setup
-	@for svc in collector analyzer templater scheduler executor store router; do \
+	@for svc in collector analyzer templater scheduler executor store router tuner; do \
 	  WARDEN_STATE_DIR=$$(mktemp -d) $(BIN)/faststream docs gen services.$$svc.app:create_app \
 	    --factory -o docs/asyncapi/$$svc.json; done
 	@AGENT_NODE_ID=node-001 $(BIN)/faststream docs gen agent.app:create_app --factory \

@@ -18,6 +18,7 @@ from schemas.events.v1 import (
     TaskControl,
     TaskEvent,
     TaskScheduled,
+    TemplateChanged,
 )
 from schemas.topics import Topic
 
@@ -35,6 +36,7 @@ TOPIC_MODELS: dict[Topic, type[Envelope]] = {
     Topic.OPS_ALERTS: Alert,
     Topic.OPS_POOL_HEALTH: PoolHealth,
     Topic.OPS_CAPACITY_PLANS: CapacityPlan,
+    Topic.OPS_TEMPLATE_CHANGES: TemplateChanged,
     Topic.ML_TASKS_SUBMITTED: MlTaskSubmitted,
     Topic.ML_TASKS_OUTCOMES: MlTaskOutcome,
     Topic.ML_DECISIONS: ModelSelected,

@@ -24,6 +24,7 @@ class Topic(StrEnum):
     OPS_TASK_CONTROL = "ops.task-control.v1"
     OPS_ALERTS = "ops.alerts.v1"
     OPS_CAPACITY_PLANS = "ops.capacity-plans.v1"
+    OPS_TEMPLATE_CHANGES = "ops.template-changes.v1"
     ML_TASKS_SUBMITTED = "ml.tasks.submitted.v1"
     ML_TASKS_OUTCOMES = "ml.tasks.outcomes.v1"
     ML_DECISIONS = "ml.tasks.decisions.v1"

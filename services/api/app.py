@@ -7,7 +7,6 @@ so reads keep working while it is down. The web console is served at `/`.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -19,10 +18,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from common.telemetry import setup_telemetry
+from common.telemetry import Telemetry, setup_telemetry
+from schemas.events.v1 import TemplateChanged
+from schemas.topics import Topic
 from services.analyzer.settings import AnalyzerSettings
 from services.api import templates
-from services.api.auth import load_tokens
+from services.api.auth import TokenTable, load_tokens
 from services.api.cluster import ClusterReader
 from services.api.deps import Runtime, audit, client_detail
 from services.api.forecasting import ForecastCache
@@ -37,6 +38,8 @@ from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import configure_logging
 from services.store.db import migrate, open_store
 from services.store.settings import default_database_url
+from services.store.template_seed import seed_templates
+from services.store.template_versions import TemplateBook
 
 log = logging.getLogger("clusterwarden.api")
 CONSOLE_DIR = Path(__file__).parent / "console"
@@ -47,6 +50,34 @@ MAX_BODY_BYTES = 256 * 1024
 
 def database_url(settings: ApiSettings) -> str:
     return settings.database_url or default_database_url(settings.state_dir)
+
+
+async def _nobody(_: TemplateChanged) -> None:
+    return None
+
+
+async def _runtime(settings: ApiSettings, tokens: TokenTable, telemetry: Telemetry) -> Runtime:
+    """The connections, made once at start: the schema migrated, the templates seeded."""
+    url = database_url(settings)
+    await migrate(url)
+    store = open_store(url)
+    redis = connect_redis(settings.redis_url)
+    keys = Keys(settings.namespace)
+    publisher = Publisher(settings, telemetry, settings.publish_timeout_s)
+
+    async def notify(event: TemplateChanged) -> None:
+        await publisher.publish(Topic.OPS_TEMPLATE_CHANGES, event)
+
+    # Telling nobody: the templaters seed the same release themselves when they start.
+    await seed_templates(TemplateBook(store, _nobody),
+                         templates.seed_folder(settings.template_dir), actor="api")
+    return Runtime(
+        settings=settings, tokens=tokens, store=store, redis=redis, keys=keys,
+        reader=ClusterReader(redis, keys, SchedulerSettings()),
+        analyzer=AnalyzerSettings(), publisher=publisher,
+        templates=TemplateBook(store, notify),
+        forecasts=ForecastCache(settings.forecast_ttl_s),
+    )
 
 
 def create_api(settings: ApiSettings | None = None) -> FastAPI:
@@ -62,26 +93,14 @@ def create_api(settings: ApiSettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        url = database_url(settings)
-        await migrate(url)
-        store = open_store(url)
-        redis = connect_redis(settings.redis_url)
-        keys = Keys(settings.namespace)
-        publisher = Publisher(settings, telemetry, settings.publish_timeout_s)
-        app.state.runtime = Runtime(
-            settings=settings, tokens=tokens, store=store, redis=redis, keys=keys,
-            reader=ClusterReader(redis, keys, SchedulerSettings()),
-            analyzer=AnalyzerSettings(), publisher=publisher,
-            template_folder=templates.folder_for(settings.template_dir, settings.state_dir),
-            template_lock=asyncio.Lock(),
-            forecasts=ForecastCache(settings.forecast_ttl_s),
-        )
+        rt = await _runtime(settings, tokens, telemetry)
+        app.state.runtime = rt
         try:
             yield
         finally:
-            await publisher.close()
-            await redis.aclose()
-            await store.close()
+            await rt.publisher.close()
+            await rt.redis.aclose()
+            await rt.store.close()
 
     app = FastAPI(
         title="ClusterWarden API",

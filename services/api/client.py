@@ -167,6 +167,26 @@ class ApiClient:
                                           json={"yaml": text, "reason": reason})
         return saved
 
+    def template_history(self, name: str) -> dict[str, Any]:
+        found: dict[str, Any] = self.call("GET", f"/api/templates/{name}/history")
+        return found
+
+    def template_diff(self, name: str, old: int, new: int) -> dict[str, Any]:
+        found: dict[str, Any] = self.call("GET", f"/api/templates/{name}/diff",
+                                          params={"from": old, "to": new})
+        return found
+
+    def rollback_template(self, name: str, version: int, reason: str) -> dict[str, Any]:
+        saved: dict[str, Any] = self.call("POST", f"/api/templates/{name}/rollback",
+                                          json={"version": version, "reason": reason})
+        return saved
+
+    def pin_template(self, name: str, pinned: bool, reason: str) -> dict[str, Any]:
+        state: dict[str, Any] = self.call(
+            "POST", f"/api/templates/{name}/{'pin' if pinned else 'unpin'}",
+            json={"reason": reason})
+        return state
+
     # ------------------------------------------------------------ ML tasks
 
     def submit_ml(self, task_type: str, values: list[float], deadline_s: float,

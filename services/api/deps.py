@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request, Security, status
@@ -22,6 +20,7 @@ from services.api.settings import ApiSettings
 from services.shared.redis_client import Keys
 from services.store.db import Store
 from services.store.queries import append_audit
+from services.store.template_versions import TemplateBook
 
 # Who an audit entry names when the caller could not be identified.
 ANONYMOUS = "anonymous"
@@ -41,8 +40,7 @@ class Runtime:
     reader: ClusterReader
     analyzer: AnalyzerSettings
     publisher: Publisher
-    template_folder: Path
-    template_lock: asyncio.Lock
+    templates: TemplateBook
     forecasts: ForecastCache
 
 

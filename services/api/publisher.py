@@ -23,9 +23,10 @@ from schemas.topics import PARTITIONS, Topic, topic_name
 
 log = logging.getLogger("clusterwarden.api")
 # What the API publishes: operators' controls, the alert announcing a breaker reset, ML
-# task submissions, and the needs of a node's rotation.
+# task submissions, the needs of a node's rotation, and template changes.
 PUBLISHED: tuple[Topic, ...] = (Topic.OPS_TASK_CONTROL, Topic.OPS_ALERTS,
-                                Topic.ML_TASKS_SUBMITTED, Topic.OPS_NEEDS)
+                                Topic.ML_TASKS_SUBMITTED, Topic.OPS_NEEDS,
+                                Topic.OPS_TEMPLATE_CHANGES)
 
 
 class PublishFailed(Exception):

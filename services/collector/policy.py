@@ -80,6 +80,7 @@ def summarize(report: NodeReport, source: str, now: datetime) -> Sample:
     )
     host = report.host
     movable = sum(1 for j in report.jobs if j.movable)
+    throughput = sum(j.throughput for j in report.jobs if j.state == "running")
     pinned = sum(1 for j in report.jobs if j.state in MOVABLE_JOB_STATES and not j.movable)
     return Sample.model_construct(
         event_id=derived_id("sample", report.event_id),
@@ -107,6 +108,8 @@ def summarize(report: NodeReport, source: str, now: datetime) -> Sample:
         if host.memory_total_mib else 0.0,
         disk_used_pct=host.disk_used_pct,
         net_bytes_per_s=host.net_rx_bytes_per_s + host.net_tx_bytes_per_s,
+        job_throughput=throughput,
+        node_type=gpus[0].name if gpus else "unknown",
         event_type="sample",
         schema_version=1,
     )

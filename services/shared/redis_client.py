@@ -90,6 +90,15 @@ class Keys:
         """HASH source -> JSON of its queued work in a pool (services/shared/demand.py)."""
         return f"{self.prefix}demand-src:{cluster}:{pool}"
 
+    def tuning(self, cluster: str, pool: str) -> str:
+        """HASH node type -> JSON of the tuner's decayed measure of a pool's nodes of that
+        type: delivered job throughput per node, GPUs per node, samples (services/tuner/)."""
+        return f"{self.prefix}tuning:{cluster}:{pool}"
+
+    def tuning_pools(self) -> str:
+        """SET of `<cluster>:<pool>` the tuner has measured (cluster ids hold no ':')."""
+        return f"{self.prefix}tuning-pools"
+
     def condition(self, need: str, cluster: str, target: str) -> str:
         """A need's condition state for one target (JSON)."""
         return f"{self.prefix}cond:{need}:{cluster}:{target}"

@@ -25,6 +25,7 @@ from sqlalchemy import (
     Integer,
     MetaData,
     String,
+    Text,
     TypeDecorator,
     Uuid,
 )
@@ -311,3 +312,42 @@ class CapacityPlanRecord(Base):
     nodes_to_add: Mapped[int] = mapped_column(Integer)
     gpus_to_add: Mapped[int] = mapped_column(Integer)
     body: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+# ------------------------------------------------------------------ templates
+
+
+class TemplateVersion(Base):
+    """One version of a task template, never changed: its text and where it came from
+    (builtin, manual, tuned, rollback), who made it, why, and the evidence of a tuned one."""
+
+    __tablename__ = "template_versions"
+    __table_args__ = (Index("ix_template_versions_name_version", "name", "version",
+                            unique=True),)
+
+    id: Mapped[int] = mapped_column(AutoId, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(32))
+    version: Mapped[int] = mapped_column(Integer)
+    need: Mapped[str] = mapped_column(String(32))
+    yaml: Mapped[str] = mapped_column(Text)
+    sha256: Mapped[str] = mapped_column(String(64))
+    origin: Mapped[str] = mapped_column(String(16))
+    actor: Mapped[str] = mapped_column(String(128))
+    reason: Mapped[str] = mapped_column(String(500))
+    evidence: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class TemplateState(Base):
+    """A template's current state: the version the templater runs, and whether it is pinned
+    (a pinned template is never tuned)."""
+
+    __tablename__ = "template_state"
+
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    active_version: Mapped[int] = mapped_column(Integer)
+    pinned: Mapped[bool] = mapped_column(Boolean, default=False)
+    pinned_by: Mapped[str | None] = mapped_column(String(128))
+    pin_reason: Mapped[str | None] = mapped_column(String(500))
+    pinned_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)

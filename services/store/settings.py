@@ -36,3 +36,18 @@ class StoreSettings(ServiceSettings):
             # and every reader of `database_url` sees the URL actually used.
             object.__setattr__(self, "database_url", default_database_url(self.state_dir))
         return self
+
+
+class TaskStoreUser(ServiceSettings):
+    """Settings of a service that reads or writes the task store beside its own work (the
+    templater and the tuner: template versions): the same DATABASE_URL and default."""
+
+    database_url: str = Field(
+        default="", validation_alias=AliasChoices("DATABASE_URL", "database_url"),
+        description="The task store; empty: <state_dir>/warden.db.")
+
+    @model_validator(mode="after")
+    def _default_url(self) -> TaskStoreUser:
+        if not self.database_url:
+            object.__setattr__(self, "database_url", default_database_url(self.state_dir))
+        return self

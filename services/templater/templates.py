@@ -60,6 +60,7 @@ from services.templater.placeholders import (
     render_text,
     unknown_placeholders,
 )
+from services.templater.tuning_spec import Tuning, tuning_problems
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 _STEP_ACTION = TypeAdapter[StepAction](StepAction)
@@ -195,6 +196,8 @@ class Template(BaseModel):
         default=None, description="What its tasks' breaker stops when it opens (kind, node, "
         "cluster); None: the scheduler's setting for the kind.")
     steps: list[StepTemplate] = Field(min_length=1, max_length=64)
+    tuning: Tuning | None = Field(default=None, description="Opt-in self-tuning of one "
+                                  "parameter (services/tuner/).")
 
     # Filled by `load_templates`, which alone sees the other templates; None: not resolved.
     _resolved: TaskRelations | None = PrivateAttr(default=None)
@@ -259,6 +262,7 @@ def template_problems(template: Template) -> list[str]:
         if name not in used:
             problems.append(f"parameters.{name}: not used by any step")
     problems += _relation_problems(template)
+    problems += tuning_problems(template.tuning, dict(template.parameters))
     return problems
 
 

@@ -51,6 +51,7 @@ from schemas.events.v1 import (
     TaskEvent,
     TaskRelations,
     TaskScheduled,
+    TemplateChanged,
 )
 from schemas.ranges import Band, Ranges
 
@@ -127,6 +128,7 @@ def examples() -> dict[str, Envelope]:
         reported_at=T0, report_event_id=_uuid(1), mode="active", gpu_count=1,
         gpu_utilization_pct=71.5, gpu_memory_pct=36.621, fault_count=1,
         faults=[Fault(kind="xid", code=79, gpu_index=0)], gpu_source="simulated",
+        job_throughput=118.4, node_type="Simulated GPU",
     )
     return {
         "node_report": NodeReport(
@@ -192,6 +194,10 @@ def examples() -> dict[str, Envelope]:
                        kind="breaker_open", dedup_key="breaker.local.offline",
                        message="3 failed offline adjustments in the window"),
         "capacity_plan": capacity_plan(),
+        "template_changed": TemplateChanged(
+            **envelope(18, "store", "scale_out"), template="scale_out", version=2,
+            change="version", origin="tuned", actor="tuner",
+            reason="measured 104.0 per node (was 50.0): nodes_per_scale_out 2 -> 1"),
     }
 
 

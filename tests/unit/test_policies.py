@@ -69,6 +69,19 @@ def test_summary_of_a_report() -> None:
     assert sample.event_id == collector.summarize(report, "collector", NOW).event_id
 
 
+def test_a_sample_carries_the_work_its_node_delivers_and_its_node_type() -> None:
+    report = example("node_report", NodeReport)
+    jobs = [JobInfo(job_id="a", kind="training", state="running", throughput=40.0),
+            JobInfo(job_id="b", kind="inference", state="running", throughput=2.5),
+            JobInfo(job_id="c", kind="training", state="checkpointing", throughput=99.0)]
+    sample = collector.summarize(report.model_copy(update={"jobs": jobs}), "collector", NOW)
+    # Running jobs only: a checkpointing job's last figure is not work being done.
+    assert (sample.job_throughput, sample.node_type) == (42.5, report.gpus[0].name)
+    assert Sample.model_validate_json(sample.model_dump_json()) == sample
+    bare = collector.summarize(report.model_copy(update={"gpus": []}), "collector", NOW)
+    assert bare.node_type == "unknown"
+
+
 @pytest.mark.parametrize(
     ("job", "movable"),
     [

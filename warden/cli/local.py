@@ -40,7 +40,8 @@ def api_env(settings: ServiceSettings) -> dict[str, str]:
 
     Without API_TOKENS or API_TOKENS_FILE every call would be refused, so a local admin token
     is made once in the state folder (readable by its owner only), where `warden tasks ...`
-    finds it too; the templater is pointed at the template folder the API edits.
+    finds it too. Templates need nothing: the API and the templater share the task store
+    (DATABASE_URL, or the state folder's warden.db), where every template version lives.
     """
     from services.api.auth import new_token
     from services.api.templates import templater_env

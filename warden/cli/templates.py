@@ -1,4 +1,5 @@
-"""`warden templates`: list, show, validate and save task templates (through the API)."""
+"""`warden templates`: list, show, validate and save task templates, their history, diffs,
+rollbacks and pins (through the API)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from services.api.client import ApiError
 from warden.cli import common
 from warden.cli.common import JsonOption, ReasonOption, fail, or_dash, print_json, table
 
-app = typer.Typer(help="Task templates: list, show, validate, save (through the API).",
+app = typer.Typer(help="Task templates: list, show, validate, save, history, diff, rollback, "
+                  "pin (through the API).",
                   no_args_is_help=True)
 
 
@@ -22,9 +24,12 @@ def templates_list(as_json: JsonOption = False) -> None:
     if as_json:
         print_json(found)
         return
-    typer.echo(table(["NAME", "VERSION", "NEED", "PRIORITY", "STEPS", "FILE", "DESCRIPTION"],
-                     [[t["name"], or_dash(t.get("version")), or_dash(t.get("need")),
-                       or_dash(t.get("priority")), str(t.get("steps", 0)), t["file"],
+    typer.echo(table(["NAME", "VERSION", "ORIGIN", "PINNED", "NEED", "PRIORITY", "STEPS",
+                      "DESCRIPTION"],
+                     [[t["name"], or_dash(t.get("version")), or_dash(t.get("origin")),
+                       f"yes ({t.get('pinned_by')})" if t.get("pinned") else "no",
+                       or_dash(t.get("need")), or_dash(t.get("priority")),
+                       str(t.get("steps", 0)),
                        f"BROKEN: {t['error']}" if t.get("error") else t.get("description", "")]
                       for t in found], max_width=70))
 
@@ -83,7 +88,8 @@ def templates_save(
     name: Annotated[str | None, typer.Option(
         help="The template's name; default: the file's name without .yaml.")] = None,
 ) -> None:
-    """Validate and save a template (admin); the templater uses it from its next start."""
+    """Validate and save a template as its next version (admin); running templaters use it
+    from their next need."""
     target = name or file.stem
     try:
         with common.api_client() as client:
@@ -95,3 +101,50 @@ def templates_save(
         raise typer.Exit(1) from err
     typer.echo(f"{saved['file']}: {'saved' if saved['saved'] else 'unchanged'}; "
                f"{saved['note']}")
+
+
+@app.command("history")
+def templates_history(name: str, as_json: JsonOption = False) -> None:
+    """Every version of a template, newest first: origin, who, why (a tuned one's evidence
+    with --json)."""
+    found = common.from_api(lambda client: client.template_history(name))
+    if as_json:
+        print_json(found)
+        return
+    pin = (f"pinned by {found['pinned_by']}: {found['pin_reason']}" if found["pinned"]
+           else "not pinned")
+    typer.echo(f"{name}: active v{found['active_version']}, {pin}")
+    typer.echo(table(["VERSION", "ORIGIN", "ACTOR", "CREATED", "REASON"],
+                     [[f"v{v['version']}" + (" *" if v["version"] == found["active_version"]
+                                              else ""),
+                       v["origin"], v["actor"], v["created_at"][:19], v["reason"]]
+                      for v in found["versions"]], max_width=80))
+
+
+@app.command("diff")
+def templates_diff(name: str, old: int, new: int) -> None:
+    """The unified diff of a template's YAML from version OLD to version NEW."""
+    found = common.from_api(lambda client: client.template_diff(name, old, new))
+    typer.echo(found["diff"].rstrip("\n") or f"{name}: v{old} and v{new} are the same")
+
+
+@app.command("rollback")
+def templates_rollback(name: str, version: int, reason: ReasonOption) -> None:
+    """Make a new version equal to VERSION (admin); running templaters use it at once."""
+    saved = common.from_api(lambda client: client.rollback_template(name, version, reason))
+    typer.echo(f"{name}: {saved['note']}")
+
+
+@app.command("pin")
+def templates_pin(name: str, reason: ReasonOption) -> None:
+    """Pin a template: the tuner never changes it (operator)."""
+    state = common.from_api(lambda client: client.pin_template(name, True, reason))
+    typer.echo(f"{name}: pinned at v{state['active_version']} by {state['pinned_by']}")
+
+
+@app.command("unpin")
+def templates_unpin(name: str, reason: Annotated[str, typer.Option(
+        help="Why (audited).")] = "unpinned") -> None:
+    """Unpin a template: the tuner may tune it again (operator)."""
+    state = common.from_api(lambda client: client.pin_template(name, False, reason))
+    typer.echo(f"{name}: unpinned (v{state['active_version']})")

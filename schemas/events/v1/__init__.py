@@ -119,6 +119,8 @@ from schemas.events.v1.tasks import (
     TaskRelations,
     TaskScheduled,
     TaskState,
+    TemplateChanged,
+    TemplateOrigin,
 )
 from schemas.events.v1.values import (
     Attempt,
@@ -156,6 +158,7 @@ EVENT_MODELS: dict[str, type[Envelope]] = {
     "ml_task_submitted": MlTaskSubmitted,
     "ml_task_outcome": MlTaskOutcome,
     "model_selected": ModelSelected,
+    "template_changed": TemplateChanged,
 }
 
 
@@ -271,6 +274,8 @@ __all__ = [
     "TaskRelations",
     "TaskScheduled",
     "TaskState",
+    "TemplateChanged",
+    "TemplateOrigin",
     "UndrainNode",
     "check_probe_address",
     "now_utc",

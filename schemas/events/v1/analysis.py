@@ -63,6 +63,12 @@ class Sample(Envelope):
                                    "by ANALYZER_STORAGE_WEIGHT).")
     net_bytes_per_s: Annotated[float, Field(ge=0.0, le=2e12)] = Field(
         default=0.0, description="Host network traffic, received plus sent.")
+    job_throughput: Annotated[float, Field(ge=0.0, le=1e12)] = Field(
+        default=0.0, description="Work the node delivers: the throughput of its running jobs "
+        "(`JobInfo.throughput`), summed.")
+    node_type: ShortText = Field(
+        default="unknown", description="What kind of node: its GPUs' model name "
+        "(`GpuMetrics.name`), or unknown.")
 
 
 class SampleBatch(Envelope):

@@ -211,3 +211,22 @@ class Alert(Envelope):
     dedup_key: Identifier
     message: ShortText
     status: AlertStatus = "firing"
+
+
+TemplateOrigin = Literal["builtin", "manual", "tuned", "rollback"]
+
+
+class TemplateChanged(Envelope):
+    """A template's active version (or its pin) changed in the task store.
+
+    Only a trigger: the templater reads the content from the store, so an event forged on the
+    topic can make it reload, never run a template nobody saved. The subject is the template.
+    """
+
+    event_type: Literal["template_changed"] = "template_changed"
+    template: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,32}$")]
+    version: Annotated[int, Field(ge=1)]
+    change: Literal["version", "pin", "unpin"] = "version"
+    origin: TemplateOrigin | None = None
+    actor: Identifier
+    reason: ShortText = ""

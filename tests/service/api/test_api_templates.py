@@ -1,22 +1,22 @@
-"""Templates: shown from the folder, validated with the templater's rules (422 naming the
-field), saved by admins only after validation, and every save audited."""
+"""Templates: shown from the task store, validated with the templater's rules (422 naming the
+field), saved by admins only after validation as the next version, every save audited;
+history, diffs, rollbacks (admin) and pins (operator)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from services.templater.templates import load_templates
-from tests.service.api.conftest import USERS, Api
+from services.store.template_versions import load_active
+from tests.service.api.conftest import USERS, Api, auth
 from tests.unit.api.test_api_templates import BUILT_IN
 
 RAISED = BUILT_IN.replace("version: 1", "version: 2").replace("jobs_per_run: 1",
                                                                 "jobs_per_run: 2")
 
 
-def contents(folder: Path) -> dict[str, str]:
-    return {p.name: p.read_text() for p in folder.glob("*.yaml")}
+async def versions(api: Api) -> dict[str, int]:
+    _, active = await load_active(api.runtime.store)
+    return active
 
 
 def problems(response_json: dict[str, object]) -> dict[str, str]:
@@ -66,43 +66,52 @@ async def test_an_invalid_template_is_422_naming_the_field(api: Api, text: str, 
     assert message in found[field]
 
 
-async def test_an_admin_saves_a_template_and_the_save_is_audited(api: Api,
-                                                                 template_dir: Path) -> None:
+async def test_an_admin_saves_a_template_and_the_save_is_audited(api: Api) -> None:
     response = await api.put("/api/templates/load_balance",
                              {"yaml": RAISED, "reason": "two jobs per run"})
     assert response.status_code == 200, response.text
     saved = response.json()
     assert saved["saved"] is True
-    assert saved["template"]["version"] == 2
-    assert (template_dir / "load_balance.yaml").read_text() == RAISED
-    # The folder still loads as the templater loads it.
-    assert load_templates(template_dir)["load_balance"].label == "load_balance.v2"
-    [entry] = await api.audit()
+    assert (saved["template"]["version"], saved["version"], saved["previous_version"]) == (
+        2, 2, 1)
+    # The active set still loads as the templater loads it.
+    registry, _ = await load_active(api.runtime.store)
+    assert registry["load_balance"].label == "load_balance.v2"
+    assert (await api.get("/api/templates/load_balance")).json()["yaml"] == RAISED
+    [entry] = [e for e in await api.audit() if e.action == "template_save"]
     assert (entry.actor, entry.action, entry.target, entry.reason, entry.result) == (
         USERS["admin"], "template_save", "template/load_balance", "two jobs per run",
         "saved load_balance.v2")
     assert entry.detail["sha256"] == saved["sha256"]
-    assert entry.detail["previous_sha256"] == saved["previous_sha256"]
+    assert entry.detail["previous_version"] == 1
 
     again = (await api.put("/api/templates/load_balance",
                            {"yaml": RAISED, "reason": "again"})).json()
     assert again["saved"] is False
 
 
+async def test_the_version_is_the_stores_whatever_the_text_says(api: Api) -> None:
+    # Tasks name their template name.vN: N is the store's count, not the editor's guess.
+    edited = BUILT_IN.replace("jobs_per_run: 1", "jobs_per_run: 3")
+    saved = (await api.put("/api/templates/load_balance",
+                           {"yaml": edited, "reason": "three"})).json()
+    assert saved["version"] == 2
+    assert "version: 2" in (await api.get("/api/templates/load_balance")).json()["yaml"]
+
+
 @pytest.mark.parametrize(("name", "text", "field"), [
-    ("load_balance", BUILT_IN.replace("jobs_per_run: 1", "jobs_per_run: 2"), "version"),
     ("load_balance", RAISED.replace("jobs_per_run: 2", "jobs_per_run: 0"),
      "steps.0.args.max_jobs"),
     ("offline", RAISED, "name"),
 ])
 async def test_an_invalid_save_changes_nothing_and_is_audited(
-        api: Api, template_dir: Path, name: str, text: str, field: str) -> None:
-    before = contents(template_dir)
+        api: Api, name: str, text: str, field: str) -> None:
+    before = await versions(api)
     response = await api.put(f"/api/templates/{name}", {"yaml": text, "reason": "edit"})
     assert response.status_code == 422
     assert field in problems(response.json())
-    assert contents(template_dir) == before
-    [entry] = await api.audit()
+    assert await versions(api) == before
+    [entry] = [e for e in await api.audit() if e.action == "template_save"]
     assert entry.result == "422 invalid"
     assert field in {p["field"] for p in entry.detail["problems"]}
 
@@ -112,11 +121,48 @@ async def test_a_save_needs_a_reason(api: Api) -> None:
     assert response.status_code == 422
 
 
-async def test_a_new_template_for_a_new_name_is_saved_beside_the_others(
-        api: Api, template_dir: Path) -> None:
+async def test_a_new_template_for_a_new_name_is_saved_beside_the_others(api: Api) -> None:
     # A second template for a need already served would break the folder: refused.
     copy = RAISED.replace("name: load_balance", "name: balance_two")
     response = await api.put("/api/templates/balance_two", {"yaml": copy, "reason": "try"})
     assert response.status_code == 422
     assert "a second template for need" in problems(response.json())["need"]
-    assert not (template_dir / "balance_two.yaml").exists()
+    assert "balance_two" not in await versions(api)
+
+
+async def test_history_diff_rollback_and_pin(api: Api) -> None:
+    await api.put("/api/templates/load_balance", {"yaml": RAISED, "reason": "two per run"})
+    listed = {t["name"]: t for t in (await api.get("/api/templates")).json()}
+    assert (listed["load_balance"]["version"], listed["load_balance"]["origin"]) == (2, "manual")
+
+    history = (await api.get("/api/templates/load_balance/history")).json()
+    assert [(v["version"], v["origin"], v["actor"]) for v in history["versions"]] == [
+        (2, "manual", USERS["admin"]), (1, "builtin", "api")]
+    diff = (await api.client.get("/api/templates/load_balance/diff", params={"from": 1, "to": 2},
+                                 headers=auth("viewer"))).json()
+    assert "-version: 1\n+version: 2\n" in diff["diff"]
+    assert "+  jobs_per_run: 2\n" in diff["diff"]
+    assert (await api.client.get("/api/templates/load_balance/diff",
+                                 params={"from": 1, "to": 9},
+                                 headers=auth("viewer"))).status_code == 404
+
+    body = {"version": 1, "reason": "two was too many"}
+    assert (await api.post("/api/templates/load_balance/rollback", body)).status_code == 403
+    rolled = (await api.post("/api/templates/load_balance/rollback", body, role="admin")).json()
+    assert (rolled["version"], rolled["origin"]) == (3, "rollback")
+    assert (await versions(api))["load_balance"] == 3
+    assert (await api.post("/api/templates/load_balance/rollback",
+                           {"version": 7, "reason": "x"}, role="admin")).status_code == 404
+
+    assert (await api.post("/api/templates/load_balance/pin", {"reason": "audit week"},
+                           role="viewer")).status_code == 403
+    pinned = (await api.post("/api/templates/load_balance/pin", {"reason": "audit week"})).json()
+    assert (pinned["pinned"], pinned["pinned_by"], pinned["pin_reason"]) == (
+        True, USERS["operator"], "audit week")
+    listed = {t["name"]: t for t in (await api.get("/api/templates")).json()}
+    assert listed["load_balance"]["pinned"] is True
+    unpinned = (await api.post("/api/templates/load_balance/unpin", {"reason": "over"})).json()
+    assert unpinned["pinned"] is False
+    actions = [e.action for e in await api.audit() if e.target == "template/load_balance"]
+    # Seeding the release is recorded in the versions, not audited: nobody chose it.
+    assert actions == ["template_save", "template_rollback", "template_pin", "template_unpin"]

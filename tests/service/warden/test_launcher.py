@@ -42,8 +42,11 @@ def test_the_launcher_runs_the_api_with_uvicorn(tmp_path: Path, redis_url: str,
         tasks = httpx.get(f"http://127.0.0.1:{port}/api/tasks",
                           headers={"Authorization": f"Bearer {TOKENS['viewer']}"})
         assert tasks.json()["total"] == 0
-        # Seeded for the templater too: the API serves the folder it edits.
-        assert (tmp_path / "templates" / "offline.yaml").exists()
+        # The built-in templates seeded into the store the API and the templater share.
+        listed = httpx.get(f"http://127.0.0.1:{port}/api/templates",
+                           headers={"Authorization": f"Bearer {TOKENS['viewer']}"}).json()
+        assert {(t["name"], t["version"], t["origin"]) for t in listed} >= {
+            ("offline", 1, "builtin"), ("scale_out", 1, "builtin")}
     finally:
         launcher.stop_services([api])
     # Graceful: uvicorn finishes the lifespan, then dies of the SIGTERM it re-raises.

@@ -1,62 +1,53 @@
-"""The API's template folder: seeded from the built-in templates without overwriting edits,
-the templater's folder, and checked before a save (pure; the endpoints are in
+"""The text edits and checks every template save makes (pure; the save path on a real store
+is in tests/service/store/test_template_versions.py, the endpoints in
 tests/service/api/test_api_templates.py)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
-from services.api import templates
-from services.api.templates import TemplateInvalid, seed
-from services.templater.templates import TEMPLATE_DIR, load_templates
+from services.templater.templates import TEMPLATE_DIR
+from services.templater.validation import (
+    TemplateInvalid,
+    check_set,
+    check_text,
+    unified_diff,
+    with_parameter,
+    with_version,
+)
 
 BUILT_IN = (TEMPLATE_DIR / "load_balance.yaml").read_text()
 
 
-def test_seeding_copies_the_built_in_templates_once_and_keeps_edits(tmp_path: Path) -> None:
-    folder = tmp_path / "templates"
-    seed(folder)
-    names = sorted(p.name for p in folder.glob("*.yaml"))
-    assert names == sorted(p.name for p in TEMPLATE_DIR.glob("*.yaml"))
-    manifest = json.loads((folder / templates.SEED_MANIFEST).read_text())
-    assert set(manifest) == set(names)
-
-    # An unedited copy follows a new built-in version; an edited one is left alone.
-    edited = folder / "offline.yaml"
-    edited.write_text(edited.read_text() + "\n# edited\n")
-    manifest["online.yaml"] = manifest["scale_in.yaml"] = "0" * 64  # built-ins "changed"
-    (folder / templates.SEED_MANIFEST).write_text(json.dumps(manifest))
-    (folder / "online.yaml").write_text("stale copy")
-    (folder / "scale_in.yaml").write_text("x")  # edited since it was seeded
-    manifest["online.yaml"] = templates.sha256("stale copy")
-    (folder / templates.SEED_MANIFEST).write_text(json.dumps(manifest))
-    seed(folder)
-    assert (folder / "online.yaml").read_text() == (TEMPLATE_DIR / "online.yaml").read_text()
-    assert (folder / "scale_in.yaml").read_text() == "x"
-    assert edited.read_text().endswith("# edited\n")
-
-
-def test_the_api_folder_is_the_templaters(tmp_path: Path) -> None:
-    explicit = tmp_path / "mine"
-    assert templates.folder_for(str(explicit), str(tmp_path)) == explicit
-    assert not explicit.exists()  # an explicit folder is used as it is
-    default = templates.folder_for("", str(tmp_path / "state"))
-    assert default == tmp_path / "state" / "templates"
-    assert templates.templater_env("", str(tmp_path / "state")) == {
-        "TEMPLATER_TEMPLATE_DIR": str(default.resolve())}
-    assert load_templates(default)
-
-
-def test_a_file_holding_another_template_is_not_overwritten(tmp_path: Path) -> None:
-    folder = tmp_path / "t"
-    seed(folder)
-    (folder / "balance_two.yaml").write_text((folder / "online.yaml").read_text())
-    (folder / "online.yaml").unlink()
+def test_the_version_line_is_set_and_the_rest_of_the_text_kept() -> None:
+    bumped = with_version(BUILT_IN, 7)
+    assert check_text(bumped).label == "load_balance.v7"
+    assert bumped.replace("version: 7", "version: 1") == BUILT_IN
     with pytest.raises(TemplateInvalid) as caught:
-        templates.check(folder, BUILT_IN.replace("name: load_balance", "name: balance_two")
-                        .replace("version: 1", "version: 3"), "balance_two")
-    assert any(p.field == "name" and "holds template 'online'" in p.message
-               for p in caught.value.problems)
+        with_version("name: x\n", 2)
+    assert caught.value.problems[0].field == "version"
+
+
+def test_a_parameter_is_set_on_its_own_line_or_by_writing_the_document_again() -> None:
+    block = "name: t\nparameters:\n  jobs: 2   # two at a time\n  other: 1\n"
+    assert with_parameter(block, "jobs", 1) == block.replace("jobs: 2", "jobs: 1")
+    flow = "name: t\nparameters: {jobs: 2, other: 1}\n"
+    assert "jobs: 1" in with_parameter(flow, "jobs", 1)
+
+
+def test_a_diff_names_both_versions_and_is_empty_for_equal_texts() -> None:
+    changed = BUILT_IN.replace("jobs_per_run: 1", "jobs_per_run: 2")
+    diff = unified_diff(BUILT_IN, changed, "load_balance.v1", "load_balance.v2")
+    assert diff.startswith("--- load_balance.v1\n+++ load_balance.v2\n")
+    assert "-  jobs_per_run: 1\n+  jobs_per_run: 2\n" in diff
+    assert unified_diff(BUILT_IN, BUILT_IN, "a", "b") == ""
+
+
+def test_a_set_is_checked_as_the_templater_loads_a_folder() -> None:
+    texts = {p.stem: p.read_text() for p in TEMPLATE_DIR.glob("*.yaml")}
+    assert set(check_set(texts)) == {"offline", "online", "scale_out", "scale_in",
+                                     "load_balance", "restart_agent"}
+    texts["balance_two"] = BUILT_IN.replace("name: load_balance", "name: balance_two")
+    with pytest.raises(TemplateInvalid) as caught:
+        check_set(texts)
+    assert "a second template for need" in caught.value.problems[0].message

@@ -13,7 +13,8 @@ from services.store.db import alembic_config, create_engine_for, migrate
 from services.store.models import Base
 
 TABLES = {"tasks", "steps", "transitions", "audit", "audit_head", "ml_tasks", "ml_attempts",
-          "ml_events", "alerts", "capacity_plans", "alembic_version"}
+          "ml_events", "alerts", "capacity_plans", "template_versions", "template_state",
+          "alembic_version"}
 
 
 def _differences(connection: Connection) -> list[object]:
@@ -31,7 +32,7 @@ async def test_migrations_apply_on_an_empty_database(database_url: str) -> None:
             assert tables == TABLES
             version = (await conn.execute(text("SELECT version_num FROM alembic_version"))
                        ).scalar_one()
-            assert version == "0004"
+            assert version == "0005"
             head = (await conn.execute(text("SELECT hash, count FROM audit_head"))).one()
             assert tuple(head) == ("0" * 64, 0)
             # The migrations and the models describe the same schema.

@@ -125,7 +125,7 @@ def test_mutex_keys(kind: NeedKind, own_keys: list[str]) -> None:
 @pytest.mark.parametrize(
     ("kind", "count", "concurrency"),
     [("offline", 1, 16), ("online", 1, 16), ("load_balance", 1, 8),
-     ("scale_out", None, 4), ("scale_in", None, 4)],
+     ("scale_out", None, 4), ("scale_in", None, 4), ("restart_agent", 1, 16)],
 )
 def test_execution_count_and_concurrency(kind: NeedKind, count: int | None,
                                          concurrency: int) -> None:
@@ -142,7 +142,10 @@ def test_the_builtin_templates_keep_running_alongside_each_other() -> None:
     # scale_out and scale_in of a pool stay apart (their pool lock keeps them apart too).
     registry = load_templates()
     concurrent = {t.name: set(t.task_relations.concurrent_with) for t in registry.values()}
-    assert concurrent["offline"] == {"online", "load_balance", "scale_out", "scale_in"}
+    assert concurrent["offline"] == {"online", "load_balance", "scale_out", "scale_in",
+                                     "restart_agent"}
+    assert concurrent["restart_agent"] == {"offline", "online", "load_balance", "scale_out",
+                                           "scale_in"}
     assert "scale_in" not in concurrent["scale_out"]
     assert all(t.task_relations.exclusive_with == [] for t in registry.values())
 

@@ -48,7 +48,11 @@ from services.store.recorder import Recorder as TaskRecorder
 from services.store.settings import StoreSettings
 from services.templater import app as templater_app
 from services.templater.handlers import Templater
+from services.templater.live import LiveTemplates
 from services.templater.settings import TemplaterSettings
+from services.tuner import app as tuner_app
+from services.tuner.handlers import Tuner
+from services.tuner.settings import TunerSettings
 from tests.unit.wiring.harness import NAMESPACE, Wire, example_of, running, subscriptions
 
 LIMIT = ServiceSettings().max_message_bytes
@@ -80,8 +84,10 @@ SERVICES: dict[str, Service] = {
          Wire(Topic.NODE_COMMAND_RESULTS, "wiring.collector-probes", Prober, "on_result"))),
     "templater": Service(
         lambda state: templater_app.create_app(
-            TemplaterSettings(namespace=NAMESPACE, state_dir=str(state))),
-        (Wire(Topic.OPS_NEEDS, "wiring.templater", Templater, "on_need"),)),
+            TemplaterSettings(namespace=NAMESPACE, state_dir=str(state), instance="one")),
+        (Wire(Topic.OPS_NEEDS, "wiring.templater", Templater, "on_need"),
+         Wire(Topic.OPS_TEMPLATE_CHANGES, "wiring.templater-changes-one", LiveTemplates,
+              "on_template_change"))),
     "scheduler": Service(
         lambda state: scheduler_app.create_app(
             SchedulerSettings(namespace=NAMESPACE, state_dir=str(state))),
@@ -106,6 +112,10 @@ SERVICES: dict[str, Service] = {
          Wire(Topic.ML_TASKS_OUTCOMES, "wiring.store-ml-outcomes", MlRecorder, "on_outcome"),
          Wire(Topic.OPS_CAPACITY_PLANS, "wiring.store-capacity-plans", PlanRecorder,
               "on_plan"))),
+    "tuner": Service(
+        lambda state: tuner_app.create_app(
+            TunerSettings(namespace=NAMESPACE, state_dir=str(state))),
+        (Wire(Topic.OPS_SAMPLES, "wiring.tuner", Tuner, "on_samples"),)),
     "alerts": Service(
         lambda state: alerts_app.create_app(
             AlertsSettings(namespace=NAMESPACE, state_dir=str(state),

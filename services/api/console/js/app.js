@@ -7,6 +7,8 @@
 //   #/mltask/<id>                    one ML task (attempts, each decision's candidates)
 //   #/models?cluster=                the models each node serves, with live statistics
 //   #/alerts?status=firing           alerts, firing first; acknowledge one (operator)
+//   #/templates                      templates: active version, origin, pin
+//   #/template/<name>                one template: history, diff, rollback, pin / unpin
 
 import { ApiError, clearToken, get, getToken, onUnauthorised, setToken, errorLine } from "./api.js";
 import { session } from "./actions.js";
@@ -21,6 +23,7 @@ import { mlTasksView } from "./views/mltasks.js";
 import { mlTaskView } from "./views/mltask.js";
 import { modelsView } from "./views/models.js";
 import { alertsView } from "./views/alerts.js";
+import { templatesView, templateView } from "./views/templates.js";
 
 const ROUTES = {
   tasks: tasksView,
@@ -31,9 +34,11 @@ const ROUTES = {
   mltask: mlTaskView,
   models: modelsView,
   alerts: alertsView,
+  templates: templatesView,
+  template: templateView,
 };
 // A detail page lights its list's tab.
-const PARENT = { task: "tasks", mltask: "ml" };
+const PARENT = { task: "tasks", mltask: "ml", template: "templates" };
 
 const main = () => document.getElementById("main");
 let current = null; // the mounted view's dispose function
