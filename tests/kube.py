@@ -133,16 +133,19 @@ class KubeScope:
                       and p.get("status", {}).get("phase") == "Running"
                       and not p["metadata"].get("deletionTimestamp"))
 
-    async def add_service_account(self, name: str, *, bound: bool) -> str:
+    async def add_service_account(self, name: str, *, bound: bool,
+                                  rules: list[dict[str, Any]] | None = None) -> str:
         """A service account in this scope's namespace; `bound`: given ClusterWarden's
-        ClusterRole from deploy/kubernetes/rbac.yaml (under this scope's name). Answers its
-        user name, for impersonation."""
+        ClusterRole from deploy/kubernetes/rbac.yaml (under this scope's name), or one of
+        `rules` instead. Answers its user name, for impersonation."""
         await self.core.create_namespaced_service_account(
             self.namespace, manifest({"metadata": {"name": name}}))
         if bound:
             role = next(d for d in yaml.safe_load_all(RBAC.read_text())
                         if d["kind"] == "ClusterRole")
             role["metadata"]["name"] = f"{self.prefix}-{name}"
+            if rules is not None:
+                role["rules"] = rules
             rbac = client.RbacAuthorizationV1Api(self.api)
             await rbac.create_cluster_role(role)
             self.cluster_objects.append(("clusterrole", role["metadata"]["name"]))

@@ -57,6 +57,7 @@ build_into() {
     local final="$1" module="$2" tmp
     shift 2
     tmp="$(mktemp -d)"
+    chmod 755 "${tmp}"
     (cd "${module}" && go build -o "${tmp}/" "$@") \
         || { rm -rf "${tmp}"; die "go build in ${module} failed"; }
     mkdir -p "${BIN_DIR}"
@@ -76,6 +77,7 @@ cmd_build() {
     if [[ ! -x "${KWOK_BIN}/kwok" ]]; then
         local tmp
         tmp="$(mktemp -d)"
+        chmod 755 "${tmp}"
         GOBIN="${tmp}" go install "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}" \
             || { rm -rf "${tmp}"; die "go install of kwok ${KWOK_VERSION} failed"; }
         rm -rf "${KWOK_BIN}"

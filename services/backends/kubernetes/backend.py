@@ -23,7 +23,7 @@ from services.backends.base import (
     TaintEffect,
 )
 from services.backends.budget import TokenBucket
-from services.backends.kubernetes.cache import ClusterCache
+from services.backends.kubernetes.cache import WATCH_TIMEOUT_S, ClusterCache
 from services.backends.kubernetes.connection import KubeAccess, connect
 from services.backends.kubernetes.drain import Drainer
 from services.backends.kubernetes.nodes import apply
@@ -33,17 +33,19 @@ from services.backends.kubernetes.protocol import decide_offline, decide_online
 class KubernetesBackend:
     def __init__(self, api: client.ApiClient, budget: TokenBucket, *,
                  clock: EpochClock = time.monotonic,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 watch_timeout_s: int = WATCH_TIMEOUT_S) -> None:
         self.api = api
         self.budget = budget
         self.core = client.CoreV1Api(api)
-        self.cache = ClusterCache(api)
+        self.cache = ClusterCache(api, watch_timeout_s=watch_timeout_s)
         self._drainer = Drainer(api, self.cache, budget, clock=clock, sleep=sleep)
 
     @classmethod
-    async def open(cls, access: KubeAccess, budget: TokenBucket) -> KubernetesBackend:
+    async def open(cls, access: KubeAccess, budget: TokenBucket, *,
+                   watch_timeout_s: int = WATCH_TIMEOUT_S) -> KubernetesBackend:
         api = await connect(access)
-        backend = cls(api, budget)
+        backend = cls(api, budget, watch_timeout_s=watch_timeout_s)
         try:
             await backend.cache.start()
         except BaseException:

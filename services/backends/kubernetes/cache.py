@@ -36,8 +36,9 @@ def _key(obj: Mapping[str, Any]) -> str:
 
 
 class ClusterCache:
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, *, watch_timeout_s: int = WATCH_TIMEOUT_S) -> None:
         self._api = api
+        self._watch_timeout_s = watch_timeout_s
         self._core = client.CoreV1Api(api)
         self.nodes: Objects = {}
         self.pods: Objects = {}
@@ -45,6 +46,8 @@ class ClusterCache:
         self._tasks: list[asyncio.Task[None]] = []
         self.lists = 0
         """How many full lists were made (one per kind at start, then only after a 410)."""
+        self.watches = 0
+        """How many watches were opened (a new one each time the server ends one)."""
 
     async def start(self) -> None:
         """Lists nodes and pods (the cache is complete when this returns), then watches."""
@@ -100,9 +103,10 @@ class ClusterCache:
     async def _follow(self, kind: str, store: Objects, rv: str) -> str:
         """Applies one watch's events; answers the resourceVersion to resume from."""
         stream = watch.Watch()
+        self.watches += 1
         async with stream:
             async for event in stream.stream(self._lister(kind), resource_version=rv,
-                                             timeout_seconds=WATCH_TIMEOUT_S,
+                                             timeout_seconds=self._watch_timeout_s,
                                              allow_watch_bookmarks=True):
                 obj = event["raw_object"]
                 rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)

@@ -77,13 +77,15 @@ async def test_without_the_role_the_backend_fails_closed_with_a_clear_error(
 
 
 async def test_a_forbidden_write_fails_closed_and_changes_nothing(
-        kube: KubeScope, kube_api: KubeAccess, backend: KubernetesBackend) -> None:
+        kube: KubeScope, kube_api: KubeAccess) -> None:
     name = await kube.add_gpu_node("a")
-    user = await kube.add_service_account("reader", bound=False)
-    # Reads allowed (the admin's cache), writes as a user that may not patch nodes.
+    # A role that reads nodes but may not patch them: the read passes, the write is refused.
+    user = await kube.add_service_account("reader", bound=True, rules=[
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}])
     weak = KubernetesBackend(await connect(as_user(kube_api, user)), TokenBucket(10.0, 2))
     try:
-        with pytest.raises(BackendForbidden, match="forbidden"):
+        with pytest.raises(BackendForbidden,
+                           match=r"patch node .*cannot patch resource \"nodes\""):
             await weak.offline_node(name, OFFLINE, "xid 79")
     finally:
         await weak.close()

@@ -4,7 +4,9 @@ kept current by the watch (no list after the first)."""
 from __future__ import annotations
 
 from services.backends.base import Inventory
+from services.backends.budget import TokenBucket
 from services.backends.kubernetes.backend import KubernetesBackend
+from services.backends.kubernetes.connection import KubeAccess
 from tests.kube import KubeScope, settled
 
 
@@ -43,3 +45,28 @@ async def test_inventory_follows_nodes_gpu_pods_and_pending_demand_by_watch(
 
 async def _unschedulable(backend: KubernetesBackend, node: str) -> bool:
     return any(n.name == node and not n.schedulable for n in (await backend.inventory()).nodes)
+
+
+async def test_a_watch_the_server_ends_resumes_from_its_resource_version(
+        kube: KubeScope, kube_api: KubeAccess, budget: TokenBucket) -> None:
+    # The server ends each watch after a second: the cache must go on from where it was,
+    # seeing every change, without listing again.
+    backend = await KubernetesBackend.open(kube_api, budget, watch_timeout_s=1)
+    try:
+        first = await kube.add_gpu_node("a")
+        await settled(lambda: _known(backend, first), "the first node seen")
+        opened = backend.cache.watches
+        await settled(lambda: _reopened(backend, opened + 2), "two more watches opened")
+        later = await kube.add_gpu_node("b")
+        await settled(lambda: _known(backend, later), "a node made after the watch ended")
+        assert backend.cache.lists == 2
+    finally:
+        await backend.close()
+
+
+async def _known(backend: KubernetesBackend, node: str) -> bool:
+    return any(n.name == node for n in (await backend.inventory()).nodes)
+
+
+async def _reopened(backend: KubernetesBackend, watches: int) -> bool:
+    return backend.cache.watches >= watches

@@ -1,6 +1,6 @@
 // etcd for the local Kubernetes API server (deploy/local/kubernetes.sh builds it); Debian's
 // etcd-server is 3.4, older than this API server accepts.
-module clusterwarden.invalid/etcdbin
+module clusterwarden.invalid/etcd
 
 go 1.24
 

@@ -1,7 +1,7 @@
 // The Kubernetes control plane the tests run against (deploy/local/kubernetes.sh builds it).
 // k8s.io/kubernetes replaces its staging modules by local folders, so it cannot be installed
 // directly; this module requires it and pins each staging module to its published version.
-module clusterwarden.invalid/k8sbin
+module clusterwarden.invalid/kubernetes
 
 go 1.24.0
 
