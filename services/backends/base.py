@@ -62,11 +62,13 @@ class DrainResult:
     """Pods (namespace/name) still on the node when the step's time ran out."""
     unplaced: tuple[str, ...] = ()
     """Evicted pods whose controller had no replacement Running elsewhere by then."""
+    refused: str = ""
+    """Why the node was not drained at all: someone else owns it (nothing was evicted)."""
     dry_run: bool = False
 
     @property
     def complete(self) -> bool:
-        return not self.held and not self.unplaced
+        return not self.held and not self.unplaced and not self.refused
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,7 @@ class Backend(Protocol):
                           dry_run: bool = False) -> NodeResult: ...
 
     async def drain_node(self, node: str, step: StepRef, *, timeout_s: float,
-                         dry_run: bool = False) -> DrainResult: ...
+                         reason: str = "drain", dry_run: bool = False) -> DrainResult: ...
 
     async def add_capacity(self, pool: str, count: int, step: StepRef, *,
                            dry_run: bool = False) -> CapacityResult: ...

@@ -19,6 +19,7 @@ from services.backends.base import (
     DrainResult,
     Inventory,
     NodeResult,
+    Outcome,
     StepRef,
     TaintEffect,
 )
@@ -27,7 +28,11 @@ from services.backends.kubernetes.cache import WATCH_TIMEOUT_S, ClusterCache
 from services.backends.kubernetes.connection import KubeAccess, connect
 from services.backends.kubernetes.drain import Drainer
 from services.backends.kubernetes.nodes import apply
-from services.backends.kubernetes.protocol import decide_offline, decide_online
+from services.backends.kubernetes.protocol import (
+    decide_drain_cordon,
+    decide_offline,
+    decide_online,
+)
 
 
 class KubernetesBackend:
@@ -69,7 +74,14 @@ class KubernetesBackend:
         return await apply(self.api, node, decide_online, dry_run=dry_run)
 
     async def drain_node(self, node: str, step: StepRef, *, timeout_s: float,
-                         dry_run: bool = False) -> DrainResult:
+                         reason: str = "drain", dry_run: bool = False) -> DrainResult:
+        """Cordons and claims the node first (as kubectl drain cordons), unless someone
+        else owns it: then nothing is evicted and the result says why."""
+        cordon = await apply(self.api, node,
+                             lambda view: decide_drain_cordon(view, step, reason),
+                             dry_run=dry_run)
+        if cordon.outcome is Outcome.REFUSED:
+            return DrainResult(node=node, refused=cordon.detail, dry_run=dry_run)
         return await self._drainer.drain(node, step, timeout_s=timeout_s, dry_run=dry_run)
 
     async def add_capacity(self, pool: str, count: int, step: StepRef, *,

@@ -149,3 +149,14 @@ def decide_online(node: NodeView) -> Decision:
     }
     return Decision(Outcome.APPLIED, patch=patch,
                     detail=f"undoing task {claim.task_id} step {claim.step}")
+
+
+def decide_drain_cordon(node: NodeView, step: StepRef, reason: str) -> Decision:
+    """A drain's first write: the node cordoned and claimed before any eviction, so no
+    replacement lands back on it. A node already claimed keeps its claim (and its effect);
+    someone else's node is refused, so it is never drained."""
+    claim = claim_of(node)
+    if claim is not None:
+        return decide_offline(node, StepRef(claim.task_id, claim.step), claim.reason,
+                              claim.effect)
+    return decide_offline(node, step, reason, "NoSchedule")

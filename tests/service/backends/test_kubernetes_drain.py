@@ -8,6 +8,7 @@ from __future__ import annotations
 from services.backends.base import StepRef
 from services.backends.budget import TokenBucket
 from services.backends.kubernetes.backend import KubernetesBackend
+from services.backends.kubernetes.protocol import OFFLINE_ANNOTATION
 from tests.kube import KubeScope, settled
 
 OFFLINE = StepRef(task_id="task-1", step="0:offline_node")
@@ -16,16 +17,17 @@ TIMEOUT_S = 60.0
 
 
 async def two_pods_on_a_bad_node(kube: KubeScope, backend: KubernetesBackend, *,
-                                 min_available: int) -> str:
+                                 min_available: int, offline: bool = True) -> str:
     """StatefulSet `train` (2 pods, 2 GPUs each) on one node, a PDB over it, two healthy
-    nodes beside it, and the bad node offline (so nothing lands back on it)."""
+    nodes beside it, and the bad node offline unless told otherwise."""
     bad = await kube.add_gpu_node("bad")
     await kube.add_gpu_statefulset("train", 2, gpus=2)
     await settled(lambda: _both_running(kube, bad), "both train pods Running on the bad node")
     await kube.add_pdb("train", "train", min_available)
     await kube.add_gpu_node("good-1")
     await kube.add_gpu_node("good-2")
-    await backend.offline_node(bad, OFFLINE, "xid 79")
+    if offline:
+        await backend.offline_node(bad, OFFLINE, "xid 79")
     return bad
 
 
@@ -109,3 +111,32 @@ async def test_dry_run_drain_evicts_nothing_and_says_what_the_pdb_would_hold(
 async def _dry_run_moves(backend: KubernetesBackend, node: str) -> list[str] | None:
     result = await backend.drain_node(node, DRAIN, timeout_s=TIMEOUT_S, dry_run=True)
     return sorted(m.pod for m in result.moved) if not result.held else None
+
+
+async def test_a_drain_cordons_and_claims_the_node_before_it_evicts(
+        kube: KubeScope, backend: KubernetesBackend) -> None:
+    bad = await two_pods_on_a_bad_node(kube, backend, min_available=0, offline=False)
+
+    result = await backend.drain_node(bad, DRAIN, timeout_s=TIMEOUT_S, reason="xid 79")
+
+    assert result.complete, result
+    assert all(m.to_node != bad for m in result.moved)
+    node = await kube.node(bad)
+    assert node["spec"]["unschedulable"] is True
+    assert OFFLINE_ANNOTATION in node["metadata"]["annotations"]
+
+
+async def test_a_node_a_person_cordoned_is_never_drained(
+        kube: KubeScope, backend: KubernetesBackend, budget: TokenBucket) -> None:
+    bad = await two_pods_on_a_bad_node(kube, backend, min_available=0, offline=False)
+    await kube.core.patch_node(bad, {"spec": {"unschedulable": True}})
+
+    result = await backend.drain_node(bad, DRAIN, timeout_s=TIMEOUT_S)
+
+    assert "cordoned by someone else" in result.refused
+    assert not result.complete
+    assert result.moved == ()
+    assert budget.taken == 0
+    assert await kube.running_on(bad) == ["train-0", "train-1"]
+    assert OFFLINE_ANNOTATION not in ((await kube.node(bad))["metadata"].get("annotations")
+                                      or {})

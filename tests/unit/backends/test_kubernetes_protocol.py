@@ -15,6 +15,7 @@ from services.backends.kubernetes.protocol import (
     Claim,
     NodeView,
     claim_of,
+    decide_drain_cordon,
     decide_offline,
     decide_online,
     taint_value,
@@ -119,3 +120,21 @@ def test_a_claim_reads_back_what_it_wrote() -> None:
     claim = Claim(task_id="t", step="s", reason="r", effect="NoExecute")
     assert claim_of(node(claim=claim)) == claim
     assert claim_of(node(raw_claim=json.dumps({"task_id": "t"}))) is None
+
+
+def test_a_drain_cordons_and_claims_a_node_nobody_cordoned() -> None:
+    decision = decide_drain_cordon(node(), STEP, "drain")
+    assert decision.outcome is Outcome.APPLIED
+    assert decision.patch is not None
+    assert decision.patch["spec"]["unschedulable"] is True
+
+
+def test_a_drain_keeps_the_claim_a_node_has_and_refuses_someone_elses_node() -> None:
+    noexecute = Claim(task_id="task-0", step="0:offline_node", reason="xid 79",
+                      effect="NoExecute")
+    view = node(unschedulable=True, claim=noexecute,
+                taints=({"key": TAINT_KEY, "value": "xid-79", "effect": "NoExecute"},))
+    assert decide_drain_cordon(view, STEP, "drain").outcome is Outcome.ALREADY
+    refused = decide_drain_cordon(node(unschedulable=True), STEP, "drain")
+    assert refused.outcome is Outcome.REFUSED
+    assert refused.patch is None
