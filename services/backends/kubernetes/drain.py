@@ -2,9 +2,10 @@
 
 Each eviction takes a token from the cluster's `TokenBucket` first. The API server answers 201
 (the pod goes), 429 (a PodDisruptionBudget says not now: wait and try again within the step's
-time, not a failure) or 404 (already gone: a resend after a crash). After the evictions, each
-pod's controller must have a replacement Running on another node; the cache's watch says when.
-A pod with no controller has nothing to wait for.
+time, not a failure), 409 (another eviction updated the PDB meanwhile: try again) or 404
+(already gone: a resend after a crash). After the evictions, each pod's controller must have a
+replacement Running on another node; the cache's watch says when. A pod with no controller
+has nothing to wait for.
 """
 
 from __future__ import annotations
@@ -98,6 +99,9 @@ class Drainer:
         except ApiException as err:
             if err.status == 429:
                 run.pdb_waits[pod.key] = run.pdb_waits.get(pod.key, 0) + 1
+                return False
+            if err.status == 409:
+                # Two evictions raced on the same PDB's status: the next round tries again.
                 return False
             if err.status == 404:
                 return True
