@@ -131,11 +131,14 @@ etcd_ready() {
     curl -fsS -m 2 "http://${HOST}:${KUBE_ETCD_PORT}/health" >/dev/null 2>&1
 }
 
-apiserver_ready() {
+# GET of an API path $1 as the admin; status 0 if it answers 2xx.
+api_get() {
     [[ -s "${TOKEN_FILE}" ]] || return 1
     curl -fsS -m 2 -k -H "Authorization: Bearer $(cut -d, -f1 "${TOKEN_FILE}")" \
-        "https://${HOST}:${KUBE_APISERVER_PORT}/readyz" >/dev/null 2>&1
+        "https://${HOST}:${KUBE_APISERVER_PORT}$1" >/dev/null 2>&1
 }
+
+apiserver_ready() { api_get /readyz; }
 
 pid_file() { printf '%s/%s.pid' "${STATE_DIR}" "$1"; }
 
@@ -216,10 +219,7 @@ alive() { live_pid "$1" >/dev/null; }
 
 # Ready once the controller-manager made the default namespace's service account: until then
 # the API server refuses pods there.
-workloads_accepted() {
-    KUBECONFIG="${KUBECONFIG_FILE}" kubectl get serviceaccount default -n default \
-        >/dev/null 2>&1
-}
+workloads_accepted() { api_get /api/v1/namespaces/default/serviceaccounts/default; }
 
 cmd_start() {
     local started proc
