@@ -140,6 +140,11 @@ api_get() {
 
 apiserver_ready() { api_get /readyz; }
 
+port_open() {
+    # shellcheck disable=SC2016  # $1/$2 are expanded by the inner bash, not this one
+    timeout 1 bash -c 'exec 3<>"/dev/tcp/$1/$2"' _ "${HOST}" "$1" 2>/dev/null
+}
+
 pid_file() { printf '%s/%s.pid' "${STATE_DIR}" "$1"; }
 
 # The pid of process $1 if it is alive and is that program (pids are reused).
@@ -230,9 +235,12 @@ cmd_start() {
     fi
     # A half-running control plane of ours is stopped and started whole.
     cmd_stop >/dev/null
-    if apiserver_ready || etcd_ready; then
-        die "${HOST}:${KUBE_APISERVER_PORT} or ${HOST}:${KUBE_ETCD_PORT} is in use by a process this script did not start; stop it or set KUBE_APISERVER_PORT/KUBE_ETCD_PORT"
-    fi
+    local port
+    for port in "${KUBE_APISERVER_PORT}" "${KUBE_ETCD_PORT}" "${KUBE_ETCD_PEER_PORT}"; do
+        if port_open "${port}"; then
+            die "${HOST}:${port} is in use by a process this script did not start; stop it or set KUBE_APISERVER_PORT/KUBE_ETCD_PORT/KUBE_ETCD_PEER_PORT"
+        fi
+    done
     cmd_build
     write_credentials
     write_kubeconfig
