@@ -89,14 +89,17 @@ async def test_a_resent_drain_of_a_drained_node_evicts_nothing(
     assert budget.taken == taken
 
 
-async def test_dry_run_drain_evicts_nothing_and_says_what_the_pdb_would_hold(
+async def test_dry_run_drain_cordons_and_evicts_nothing_and_says_what_the_pdb_would_hold(
         kube: KubeScope, backend: KubernetesBackend) -> None:
-    bad = await two_pods_on_a_bad_node(kube, backend, min_available=2)
+    bad = await two_pods_on_a_bad_node(kube, backend, min_available=2, offline=False)
     pods_before = {p["metadata"]["uid"] for p in await kube.pods()}
 
     result = await backend.drain_node(bad, DRAIN, timeout_s=TIMEOUT_S, dry_run=True)
 
     assert result.dry_run
+    node = await kube.node(bad)
+    assert not node["spec"].get("unschedulable")
+    assert OFFLINE_ANNOTATION not in (node["metadata"].get("annotations") or {})
     assert result.held == (f"{kube.namespace}/train-0", f"{kube.namespace}/train-1")
     assert {p["metadata"]["uid"] for p in await kube.pods()} == pods_before
     assert await kube.running_on(bad) == ["train-0", "train-1"]
