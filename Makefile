@@ -34,8 +34,10 @@ up: setup
 	deploy/local/redis.sh start
 	deploy/local/postgres.sh start
 	deploy/local/alertmanager.sh start
+	deploy/local/kubernetes.sh start
 
 down:
+	-deploy/local/kubernetes.sh stop
 	-deploy/local/alertmanager.sh stop
 	-deploy/local/postgres.sh stop
 	-deploy/local/redis.sh stop

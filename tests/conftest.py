@@ -24,6 +24,9 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from services.backends.kubernetes.connection import KubeAccess, connect
+from tests.kube import KubeScope
+
 
 def required(variable: str, what: str) -> str:
     """The address of a service the test needs, from the environment, or a failed test."""
@@ -46,6 +49,31 @@ def redis_url() -> str:
 @pytest.fixture(scope="session")
 def alertmanager_url() -> str:
     return required("ALERTMANAGER_URL", "Prometheus Alertmanager")
+
+
+@pytest.fixture(scope="session")
+def kube_api() -> KubeAccess:
+    """An admin's access to the real Kubernetes API server deploy/local/kubernetes.sh runs."""
+    kubeconfig = required("KUBECONFIG_CLUSTERWARDEN", "the Kubernetes API server")
+    if not Path(kubeconfig).is_file():
+        pytest.fail(f"no kubeconfig at {kubeconfig}: deploy/local/kubernetes.sh start writes it",
+                    pytrace=False)
+    return KubeAccess(kubeconfig=kubeconfig)
+
+
+@pytest.fixture
+async def kube(kube_api: KubeAccess) -> AsyncIterator[KubeScope]:
+    """A namespace and node-name prefix of this test's own on that server, removed after."""
+    api = await connect(kube_api)
+    scope = KubeScope(api=api, prefix=f"t{uuid4().hex[:10]}")
+    try:
+        await scope.open()
+        yield scope
+    finally:
+        try:
+            await scope.close()
+        finally:
+            await api.close()
 
 
 @pytest.fixture(scope="session")

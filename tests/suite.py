@@ -9,7 +9,8 @@ Every test is sorted by what it needs, from its fixtures and folder, never by ha
 - ``browser``: an integration test that drives Debian's chromium (the ``chromium`` fixture).
 
 Each kind is also a marker (``-m "not service"``), and a test needing a particular server
-carries ``kafka``, ``redis`` or ``postgres``. The summary prints a line per kind.
+carries ``kafka``, ``redis``, ``postgres``, ``alertmanager`` or ``kubernetes``. The summary
+prints a line per kind.
 
 ``--complete`` (which `make test`, and so CI, passes) fails the run when a kind ran no test,
 or when any test was skipped or xfailed without a reason listed in ``REVIEWED_SKIPS``: a
@@ -26,7 +27,8 @@ from pathlib import Path
 import pytest
 
 KINDS = ("unit", "service", "integration", "browser")
-SERVERS = {"kafka_bootstrap": "kafka", "redis_url": "redis", "alertmanager_url": "alertmanager"}
+SERVERS = {"kafka_bootstrap": "kafka", "redis_url": "redis", "alertmanager_url": "alertmanager",
+           "kube_api": "kubernetes"}
 
 # Skips a reviewer has accepted: the start of the skip's reason -> why it is acceptable.
 # A complete run fails on any skip (or xfail) whose reason starts with none of these.
@@ -115,14 +117,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for kind, text in (
         ("unit", "pure code: no service, no browser"),
-        ("service", "one part against a real redis-server, Kafka broker, PostgreSQL or "
-                    "Alertmanager"),
+        ("service", "one part against a real redis-server, Kafka broker, PostgreSQL, "
+                    "Alertmanager or Kubernetes API server"),
         ("integration", "services as processes talking through the real broker"),
         ("browser", "an integration test driving Debian's chromium"),
         ("kafka", "reaches the real Kafka broker"),
         ("redis", "reaches the real redis-server"),
         ("postgres", "reaches the real PostgreSQL"),
         ("alertmanager", "reaches the real Prometheus Alertmanager"),
+        ("kubernetes", "reaches the real Kubernetes API server"),
     ):
         config.addinivalue_line("markers", f"{kind}: {text}")
     config.pluginmanager.register(KindsReport(config.getoption("--complete")), "kinds-report")

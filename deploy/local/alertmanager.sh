@@ -145,13 +145,7 @@ cmd_status() {
 main() {
     [[ $# -eq 1 ]] || usage
     validate_port ALERTMANAGER_PORT "${ALERTMANAGER_PORT}"
-    case "$1" in
-        build) take_lock "${LOCK_WAIT_S}"; cmd_build ;;
-        start) take_lock "${LOCK_WAIT_S}"; cmd_start ;;
-        stop) take_lock "${LOCK_WAIT_S}"; cmd_stop ;;
-        status) cmd_status ;;
-        *) usage ;;
-    esac
+    run_build_start_stop_status "$1"
 }
 
 main "$@"

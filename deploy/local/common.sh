@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # Shared by the local service scripts (sourced, not run): the state root, logging, timing,
-# port checks, and starting Kafka, Redis, PostgreSQL and Alertmanager for a command that needs them.
+# port checks, and starting Kafka, Redis, PostgreSQL, Alertmanager and Kubernetes for a command
+# that needs them.
 # The sourcing script sets COMPONENT (the prefix of its log lines) first.
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -59,6 +60,19 @@ take_lock() {
     flock -w "$1" 9 || die "another ${COMPONENT}.sh is still holding ${STATE_DIR}/${COMPONENT}.sh.lock"
 }
 
+# The commands of a script that builds its server: build, start and stop under the lock
+# (take_lock), status without it. The script defines cmd_build, cmd_start, cmd_stop,
+# cmd_status, usage and LOCK_WAIT_S. Usage: run_build_start_stop_status <command>
+run_build_start_stop_status() {
+    case "$1" in
+        build) take_lock "${LOCK_WAIT_S}"; cmd_build ;;
+        start) take_lock "${LOCK_WAIT_S}"; cmd_start ;;
+        stop) take_lock "${LOCK_WAIT_S}"; cmd_stop ;;
+        status) cmd_status ;;
+        *) usage ;;
+    esac
+}
+
 # Installs Debian packages with apt-get (root, or passwordless sudo), or stops with the command
 # a person should run. The package index in a fresh container is usually empty, hence
 # `apt-get update` first. Usage: apt_install_or_die <what, for messages> <package>...
@@ -82,9 +96,9 @@ apt_install_or_die() {
     fi
 }
 
-# Starts Kafka, Redis, PostgreSQL (the task store's tests run against it as well as SQLite)
-# and Alertmanager
-# where they are not running, and stops (on exit) only what it started, so a developer's
+# Starts Kafka, Redis, PostgreSQL (the task store's tests run against it as well as SQLite),
+# Alertmanager and the Kubernetes control plane (the Kubernetes backend's tests) where they are
+# not running, and stops (on exit) only what it started, so a developer's
 # long-running broker survives `make test`.
 LOCAL_SERVICES_STARTED=()
 stop_started_services() {
@@ -96,7 +110,7 @@ stop_started_services() {
 start_missing_services() {
     trap stop_started_services EXIT
     local svc
-    for svc in kafka redis postgres alertmanager; do
+    for svc in kafka redis postgres alertmanager kubernetes; do
         if ! "${SCRIPT_DIR}/${svc}.sh" status >/dev/null 2>&1; then
             "${SCRIPT_DIR}/${svc}.sh" start
             LOCAL_SERVICES_STARTED+=("${svc}")

@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # Source this (`. deploy/local/env.sh`) to point the services and tests at the local broker,
-# redis and PostgreSQL started by deploy/local/kafka.sh, redis.sh and postgres.sh.
+# redis, PostgreSQL, Alertmanager and Kubernetes API server started by deploy/local/kafka.sh,
+# redis.sh, postgres.sh, alertmanager.sh and kubernetes.sh.
 #
 # Every variable is only set when it is not already, so a value exported by CI or by hand wins.
 # No `set -euo pipefail` here: options set in a sourced file would leak into the caller's shell.
@@ -17,5 +18,8 @@ export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:${REDIS_PORT:-16379}/0}"
 export DATABASE_URL_POSTGRES="${DATABASE_URL_POSTGRES:-postgresql+asyncpg://postgres@127.0.0.1:${POSTGRES_PORT:-15432}/warden}"
 # Alertmanager, started by deploy/local/alertmanager.sh: the alerts service delivers to it.
 export ALERTMANAGER_URL="${ALERTMANAGER_URL:-http://127.0.0.1:${ALERTMANAGER_PORT:-19095}}"
+# The admin kubeconfig of the Kubernetes API server deploy/local/kubernetes.sh runs (its port,
+# KUBE_APISERVER_PORT, is written inside): the Kubernetes backend's tests act on that cluster.
+export KUBECONFIG_CLUSTERWARDEN="${KUBECONFIG_CLUSTERWARDEN:-${WARDEN_STATE_DIR}/kubernetes/admin.kubeconfig}"
 
 unset _warden_repo_root

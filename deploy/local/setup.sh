@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what ClusterWarden needs on a fresh Debian machine, and nothing that is already there:
 # a Python 3.11 virtual environment with the pinned packages, Java and Maven for the Kafka
-# broker jars, the jars themselves, redis-server, PostgreSQL and Alertmanager. Safe to run again.
+# broker jars, the jars themselves, redis-server, PostgreSQL, Alertmanager and the Kubernetes
+# control plane. Safe to run again.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -66,4 +67,7 @@ fi
 # Prometheus Alertmanager (alerts reach people through it) is a Go program: built once from
 # the Go module proxy and cached under the state folder.
 "${ROOT}/deploy/local/alertmanager.sh" build
+# The Kubernetes control plane the Kubernetes backend is tested against (etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, kwok): built once from the Go module proxy, cached.
+"${ROOT}/deploy/local/kubernetes.sh" build
 say "ready"

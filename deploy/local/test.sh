@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# `make test`: starts Kafka, Redis and PostgreSQL if they are not running, installs chromium,
-# runs lint, type checks, unit, contract and integration tests, and stops what it started
-# (even when a test fails).
+# `make test`: starts Kafka, Redis, PostgreSQL, Alertmanager and Kubernetes if they are not
+# running, installs chromium, runs lint, type checks, unit, contract and integration tests,
+# and stops what it started (even when a test fails).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"

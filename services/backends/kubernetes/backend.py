@@ -1,0 +1,97 @@
+"""The Kubernetes backend: `Backend` carried out through one cluster's API server.
+
+Open it with `KubernetesBackend.open(access, budget)`; it lists and then watches the cluster's
+nodes and pods (cache.py) until `close()`. The eviction budget is the caller's, one per cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+from kubernetes_asyncio import client
+
+from common.clock import EpochClock
+from services.backends.base import (
+    BackendUnsupported,
+    CapacityResult,
+    DrainResult,
+    Inventory,
+    NodeResult,
+    Outcome,
+    StepRef,
+    TaintEffect,
+)
+from services.backends.budget import TokenBucket
+from services.backends.kubernetes.cache import WATCH_TIMEOUT_S, ClusterCache
+from services.backends.kubernetes.connection import KubeAccess, connect
+from services.backends.kubernetes.drain import Drainer
+from services.backends.kubernetes.nodes import apply
+from services.backends.kubernetes.protocol import (
+    decide_drain_cordon,
+    decide_offline,
+    decide_online,
+)
+
+
+class KubernetesBackend:
+    def __init__(self, api: client.ApiClient, budget: TokenBucket, *,
+                 clock: EpochClock = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 watch_timeout_s: int = WATCH_TIMEOUT_S) -> None:
+        self.api = api
+        self.budget = budget
+        self.core = client.CoreV1Api(api)
+        self.cache = ClusterCache(api, watch_timeout_s=watch_timeout_s)
+        self._drainer = Drainer(api, self.cache, budget, clock=clock, sleep=sleep)
+
+    @classmethod
+    async def open(cls, access: KubeAccess, budget: TokenBucket, *,
+                   watch_timeout_s: int = WATCH_TIMEOUT_S) -> KubernetesBackend:
+        api = await connect(access)
+        backend = cls(api, budget, watch_timeout_s=watch_timeout_s)
+        try:
+            await backend.cache.start()
+        except BaseException:
+            await api.close()
+            raise
+        return backend
+
+    async def close(self) -> None:
+        await self.cache.close()
+        await self.api.close()
+
+    async def offline_node(self, node: str, step: StepRef, reason: str, *,
+                           effect: TaintEffect = "NoSchedule",
+                           dry_run: bool = False) -> NodeResult:
+        return await apply(self.api, node,
+                           lambda view: decide_offline(view, step, reason, effect),
+                           dry_run=dry_run)
+
+    async def online_node(self, node: str, step: StepRef, *,
+                          dry_run: bool = False) -> NodeResult:
+        return await apply(self.api, node, decide_online, dry_run=dry_run)
+
+    async def drain_node(self, node: str, step: StepRef, *, timeout_s: float,
+                         reason: str = "drain", dry_run: bool = False) -> DrainResult:
+        """Cordons and claims the node first (as kubectl drain cordons), unless someone
+        else owns it: then nothing is evicted and the result says why."""
+        cordon = await apply(self.api, node,
+                             lambda view: decide_drain_cordon(view, step, reason),
+                             dry_run=dry_run)
+        if cordon.outcome is Outcome.REFUSED:
+            return DrainResult(node=node, refused=cordon.detail, dry_run=dry_run)
+        return await self._drainer.drain(node, step, timeout_s=timeout_s, dry_run=dry_run)
+
+    async def add_capacity(self, pool: str, count: int, step: StepRef, *,
+                           dry_run: bool = False) -> CapacityResult:
+        raise BackendUnsupported("add_capacity on Kubernetes (standby pool, MachineDeployment) "
+                                 "is not carried out yet")
+
+    async def remove_capacity(self, pool: str, nodes: tuple[str, ...], step: StepRef, *,
+                              dry_run: bool = False) -> CapacityResult:
+        raise BackendUnsupported("remove_capacity on Kubernetes is not carried out yet")
+
+    async def inventory(self) -> Inventory:
+        return self.cache.inventory()

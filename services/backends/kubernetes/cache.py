@@ -1,0 +1,137 @@
+"""An informer-like cache of a cluster's nodes and pods: one list, then a watch from the list's
+resourceVersion, kept current by the API server's events instead of polling.
+
+A watch that ends (the server's timeout) resumes from the last resourceVersion it saw; one the
+server answers 410 Gone (that version is compacted away) lists again. Waiters (`wait_for`) are
+woken on every change, so a drain sees a replacement pod the moment its event arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from kubernetes_asyncio import client, watch
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from services.backends.base import Inventory
+from services.backends.kubernetes.connection import as_json, call
+from services.backends.kubernetes.gpus import build_inventory
+
+log = logging.getLogger("clusterwarden.backends.kubernetes.cache")
+T = TypeVar("T")
+# The server ends each watch after this long; the watch resumes from its resourceVersion.
+WATCH_TIMEOUT_S = 240
+RELIST_PAUSE_S = 1.0
+
+Objects = dict[str, dict[str, Any]]
+
+
+def _key(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+class ClusterCache:
+    def __init__(self, api: client.ApiClient, *, watch_timeout_s: int = WATCH_TIMEOUT_S) -> None:
+        self._api = api
+        self._watch_timeout_s = watch_timeout_s
+        self._core = client.CoreV1Api(api)
+        self.nodes: Objects = {}
+        self.pods: Objects = {}
+        self._changed = asyncio.Condition()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.lists = 0
+        """How many full lists were made (one per kind at start, then only after a 410)."""
+        self.watches = 0
+        """How many watches were opened (a new one each time the server ends one)."""
+
+    async def start(self) -> None:
+        """Lists nodes and pods (the cache is complete when this returns), then watches."""
+        node_rv = await self._list("nodes", self.nodes)
+        pod_rv = await self._list("pods", self.pods)
+        self._tasks = [asyncio.create_task(self._watch("nodes", self.nodes, node_rv)),
+                       asyncio.create_task(self._watch("pods", self.pods, pod_rv))]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    def _lister(self, kind: str) -> Any:
+        return (self._core.list_node if kind == "nodes"
+                else self._core.list_pod_for_all_namespaces)
+
+    async def _list(self, kind: str, store: Objects) -> str:
+        answer = await call(f"list {kind}", self._lister(kind))
+        items = {_key(o): o for o in (as_json(self._api, i) for i in answer.items)}
+        async with self._changed:
+            store.clear()
+            store.update(items)
+            self._changed.notify_all()
+        self.lists += 1
+        return str(answer.metadata.resource_version)
+
+    async def _watch(self, kind: str, store: Objects, rv: str) -> None:
+        while True:
+            try:
+                rv = await self._follow(kind, store, rv)
+            except asyncio.CancelledError:
+                raise
+            except ApiException as err:
+                if err.status != 410:
+                    log.warning("watch of %s failed (%s); listing again", kind, err.status)
+                rv = await self._relist(kind, store)
+            except Exception as err:
+                log.warning("watch of %s broke (%s); listing again", kind, err)
+                rv = await self._relist(kind, store)
+
+    async def _relist(self, kind: str, store: Objects) -> str:
+        while True:
+            try:
+                return await self._list(kind, store)
+            except Exception as err:
+                log.warning("list of %s failed (%s); trying again", kind, err)
+                await asyncio.sleep(RELIST_PAUSE_S)
+
+    async def _follow(self, kind: str, store: Objects, rv: str) -> str:
+        """Applies one watch's events; answers the resourceVersion to resume from."""
+        stream = watch.Watch()
+        self.watches += 1
+        async with stream:
+            async for event in stream.stream(self._lister(kind), resource_version=rv,
+                                             timeout_seconds=self._watch_timeout_s,
+                                             allow_watch_bookmarks=True):
+                obj = event["raw_object"]
+                rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
+                if event["type"] == "BOOKMARK":
+                    continue
+                async with self._changed:
+                    if event["type"] == "DELETED":
+                        store.pop(_key(obj), None)
+                    else:
+                        store[_key(obj)] = obj
+                    self._changed.notify_all()
+        return rv
+
+    def inventory(self) -> Inventory:
+        return build_inventory(self.nodes.values(), self.pods.values())
+
+    async def wait_for(self, found: Callable[[], T | None], timeout_s: float) -> T | None:
+        """The first non-None answer of `found` (read after each change), or None at the
+        deadline."""
+        async def until() -> T:
+            async with self._changed:
+                while (value := found()) is None:
+                    await self._changed.wait()
+                return value
+        try:
+            return await asyncio.wait_for(until(), timeout=max(timeout_s, 0.0))
+        except TimeoutError:
+            return None

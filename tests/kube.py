@@ -1,0 +1,177 @@
+"""Test objects on the real Kubernetes API server (deploy/local/kubernetes.sh): kwok nodes with
+GPUs, GPU StatefulSets, PodDisruptionBudgets, a least-privilege service account.
+
+Each test gets a `KubeScope`: a namespace of its own and a name prefix for its nodes, which
+carry the label `clusterwarden.io/test-scope=<prefix>`; its pods select that label, so the
+scheduler never places one test's pods on another test's nodes. `close()` deletes it all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from services.backends.kubernetes.connection import as_json
+from tests.waiting import Patience
+
+T = TypeVar("T")
+
+ROOT = Path(__file__).resolve().parents[1]
+RBAC = ROOT / "deploy" / "kubernetes" / "rbac.yaml"
+SCOPE_LABEL = "clusterwarden.io/test-scope"
+KWOK_TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
+GPUS_PER_NODE = "8"
+# Scheduling, a controller's reaction and kwok's are each a second or so; only a broken
+# control plane takes this long.
+SETTLE_S = 60.0
+
+
+def manifest(obj: dict[str, Any]) -> Any:
+    """A manifest as a dict: the client sends one as it is, though its stubs name models."""
+    return obj
+
+
+async def settled(check: Callable[[], Awaitable[T | None]], what: str, *,
+                  timeout_s: float = SETTLE_S) -> T:
+    """Polls an async check until it answers something true (tests/waiting.py's rule)."""
+    patience = Patience(what, timeout_s)
+    while not (value := await check()):
+        patience.give_up_if_over(value)
+        await asyncio.sleep(0.1)
+    return value
+
+
+@dataclass
+class KubeScope:
+    api: client.ApiClient
+    prefix: str
+    nodes: list[str] = field(default_factory=list)
+    cluster_objects: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def namespace(self) -> str:
+        return self.prefix
+
+    @property
+    def core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.api)
+
+    async def open(self) -> None:
+        await self.core.create_namespace(manifest({"metadata": {"name": self.namespace}}))
+
+    async def add_gpu_node(self, suffix: str) -> str:
+        """A kwok node with 8 GPUs, Ready once kwok takes it up."""
+        name = f"{self.prefix}-{suffix}"
+        resources = {"cpu": "32", "memory": "256Gi", "pods": "110",
+                     "nvidia.com/gpu": GPUS_PER_NODE}
+        await self.core.create_node(manifest({
+            "metadata": {"name": name, "annotations": {"kwok.x-k8s.io/node": "fake"},
+                         "labels": {SCOPE_LABEL: self.prefix, "type": "kwok",
+                                    "kubernetes.io/hostname": name}},
+            "status": {"capacity": resources, "allocatable": resources},
+        }))
+        self.nodes.append(name)
+        return name
+
+    async def add_gpu_statefulset(self, name: str, replicas: int, *, gpus: int = 1,
+                                  node: str | None = None) -> None:
+        """Pods asking `gpus` GPUs each, on this scope's nodes (on `node` alone if named,
+        through node affinity the scheduler honours only at placement)."""
+        affinity = None
+        if node is not None:
+            affinity = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 100, "preference": {"matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}}]}}
+        await client.AppsV1Api(self.api).create_namespaced_stateful_set(self.namespace, manifest({
+            "metadata": {"name": name},
+            "spec": {
+                "replicas": replicas, "serviceName": name,
+                "podManagementPolicy": "Parallel",
+                "selector": {"matchLabels": {"app": name}},
+                "template": {
+                    "metadata": {"labels": {"app": name}},
+                    "spec": {
+                        "nodeSelector": {SCOPE_LABEL: self.prefix},
+                        "tolerations": [KWOK_TOLERATION],
+                        "affinity": affinity,
+                        "terminationGracePeriodSeconds": 0,
+                        "containers": [{"name": "train", "image": "trainer:latest",
+                                        "resources": {"limits": {"nvidia.com/gpu": str(gpus)},
+                                                      "requests": {"nvidia.com/gpu": str(gpus)}}}],
+                    },
+                },
+            },
+        }))
+
+    async def add_pdb(self, name: str, app: str, min_available: int) -> None:
+        await client.PolicyV1Api(self.api).create_namespaced_pod_disruption_budget(
+            self.namespace, manifest({"metadata": {"name": name},
+                                      "spec": {"minAvailable": min_available,
+                                               "selector": {"matchLabels": {"app": app}}}}))
+
+    async def set_pdb_min_available(self, name: str, min_available: int) -> None:
+        await client.PolicyV1Api(self.api).patch_namespaced_pod_disruption_budget(
+            name, self.namespace, {"spec": {"minAvailable": min_available}})
+
+    async def node(self, name: str) -> dict[str, Any]:
+        return as_json(self.api, await self.core.read_node(name))
+
+    async def pods(self) -> list[dict[str, Any]]:
+        answer = await self.core.list_namespaced_pod(self.namespace)
+        return [as_json(self.api, p) for p in answer.items]
+
+    async def running_on(self, node: str) -> list[str]:
+        return sorted(p["metadata"]["name"] for p in await self.pods()
+                      if p["spec"].get("nodeName") == node
+                      and p.get("status", {}).get("phase") == "Running"
+                      and not p["metadata"].get("deletionTimestamp"))
+
+    async def add_service_account(self, name: str, *, bound: bool,
+                                  rules: list[dict[str, Any]] | None = None) -> str:
+        """A service account in this scope's namespace; `bound`: given ClusterWarden's
+        ClusterRole from deploy/kubernetes/rbac.yaml (under this scope's name), or one of
+        `rules` instead. Answers its user name, for impersonation."""
+        await self.core.create_namespaced_service_account(
+            self.namespace, manifest({"metadata": {"name": name}}))
+        if bound:
+            role = next(d for d in yaml.safe_load_all(RBAC.read_text())
+                        if d["kind"] == "ClusterRole")
+            role["metadata"]["name"] = f"{self.prefix}-{name}"
+            if rules is not None:
+                role["rules"] = rules
+            rbac = client.RbacAuthorizationV1Api(self.api)
+            await rbac.create_cluster_role(role)
+            self.cluster_objects.append(("clusterrole", role["metadata"]["name"]))
+            await rbac.create_cluster_role_binding(manifest({
+                "metadata": {"name": f"{self.prefix}-{name}"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": role["metadata"]["name"]},
+                "subjects": [{"kind": "ServiceAccount", "name": name,
+                              "namespace": self.namespace}]}))
+            self.cluster_objects.append(("clusterrolebinding", role["metadata"]["name"]))
+        return f"system:serviceaccount:{self.namespace}:{name}"
+
+    async def close(self) -> None:
+        rbac = client.RbacAuthorizationV1Api(self.api)
+        for kind, name in self.cluster_objects:
+            delete = (rbac.delete_cluster_role if kind == "clusterrole"
+                      else rbac.delete_cluster_role_binding)
+            await _ignore_missing(delete(name))
+        await _ignore_missing(self.core.delete_namespace(self.namespace))
+        for node in self.nodes:
+            await _ignore_missing(self.core.delete_node(node))
+
+
+async def _ignore_missing(request: Any) -> None:
+    try:
+        await request
+    except ApiException as err:
+        if err.status != 404:
+            raise
