@@ -33,6 +33,7 @@ from tests.integration.harness import (
     tap,
 )
 from tests.integration.test_operator_control import (
+    UPKEEP_ACTIONS,
     Control,
     control,
     executed_actions,
@@ -114,7 +115,7 @@ async def test_retry_jump_and_restart_succeed_and_maintenance_holds_a_node(
                 assert held_task is not None
                 assert {e.state for e in of_task(watch, held_task)} == {"created", "queued"}
                 assert [a for a, _ in executed_actions(tmp_path, "node-004")
-                        if a != "probe_node"] == []
+                        if a not in UPKEEP_ACTIONS] == []
 
                 # ---- retry, jump (then resume) and restart ----------------------------
                 await control(prod, namespace, failed["node-001"], "retry", "alice",

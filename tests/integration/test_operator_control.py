@@ -126,6 +126,11 @@ def refused(action: Control) -> Callable[[TaskEvent], bool]:
                       and e.reason.startswith(f"refused {action}"))
 
 
+# Commands the centre sends every node whatever its tasks: probes of the command path, its
+# peer list, its report interval. A test of a task's effect on a node leaves them out.
+UPKEEP_ACTIONS = frozenset({"probe_node", "set_peers", "set_report_interval"})
+
+
 def executed_actions(state_dir: Path, node: str) -> list[tuple[str, str]]:
     """(action, outcome) of every command in a node's journal."""
     path = fleet.agent_dir(state_dir, node) / JOURNAL_FILE
