@@ -28,7 +28,7 @@ def problems(response_json: dict[str, object]) -> dict[str, str]:
 async def test_templates_are_listed_and_shown(api: Api) -> None:
     listed = (await api.get("/api/templates")).json()
     assert {t["name"] for t in listed} == {"offline", "online", "load_balance", "scale_in",
-                                           "scale_out"}
+                                           "scale_out", "restart_agent"}
     assert all(t["error"] is None for t in listed)
     shown = (await api.get("/api/templates/load_balance")).json()
     assert shown["yaml"] == BUILT_IN
