@@ -27,10 +27,10 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from agent.faults import FaultPlan
 from agent.jobs.runner import JobState
 from schemas.events.v1 import JobInfo, NodeMode
+from schemas.kubernetes import GPU_RESOURCE, OFFLINE_ANNOTATION
 
 log = logging.getLogger("clusterwarden.agent.kube")
 
-GPU_RESOURCE = "nvidia.com/gpu"
 # A watch the server ends is resumed at once; one that fails waits this long first.
 RETRY_S = 1.0
 WATCH_TIMEOUT_S = 60
@@ -75,6 +75,14 @@ def pod_jobs(pods: Iterable[Mapping[str, Any]], gpus: int) -> list[JobInfo]:
     return jobs
 
 
+def node_mode(node: Mapping[str, Any] | None, journaled: NodeMode) -> NodeMode:
+    """The node's mode as its Node says: offline while it carries ClusterWarden's claim (the
+    Kubernetes backend cordoned it; no command reaches the agent), else the journal's. A
+    node someone else cordoned is not ClusterWarden's to call offline."""
+    annotations = ((node or {}).get("metadata") or {}).get("annotations") or {}
+    return "offline" if OFFLINE_ANNOTATION in annotations else journaled
+
+
 class KubePods:
     """The job source of an agent on a Kubernetes node: its GPU pods, kept by list + watch."""
 
@@ -83,14 +91,16 @@ class KubePods:
         self.gpus = gpus
         self.kubeconfig = kubeconfig
         self.pods: dict[str, dict[str, Any]] = {}
-        self._task: asyncio.Task[None] | None = None
+        self.node: dict[str, Any] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:
         """Starts following the node's pods (called on the agent's event loop)."""
-        if self._task is None:
+        if not self._tasks:
             self._loop = asyncio.get_running_loop()
-            self._task = self._loop.create_task(self._follow(), name=f"pods-{self.node_id}")
+            self._tasks = [self._loop.create_task(self._follow(kind), name=f"{kind}-{self.node_id}")
+                           for kind in ("pods", "node")]
 
     def reconcile(self, mode: NodeMode, plan: FaultPlan) -> None:
         """Nothing to do: the pods follow the node's cordon and taints, not the agent."""
@@ -98,11 +108,15 @@ class KubePods:
     def snapshot(self, now: datetime) -> list[JobInfo]:
         return pod_jobs(self.pods.values(), self.gpus)
 
+    def mode(self, journaled: NodeMode) -> NodeMode:
+        return node_mode(self.node, journaled)
+
     def close(self) -> None:
         # Called from a worker thread (the agent keeps blocking closes off its loop).
-        if self._task is not None and self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._task.cancel)
-        self._task = None
+        if self._loop is not None and not self._loop.is_closed():
+            for task in self._tasks:
+                self._loop.call_soon_threadsafe(task.cancel)
+        self._tasks = []
 
     async def _connect(self) -> client.ApiClient:
         configuration = client.Configuration()
@@ -115,14 +129,14 @@ class KubePods:
                 client_configuration=configuration)
         return client.ApiClient(configuration)
 
-    async def _follow(self) -> None:
+    async def _follow(self, kind: str) -> None:
         api = await self._connect()
         try:
             rv = ""
             while True:
                 try:
-                    rv = rv or await self._list(api)
-                    rv = await self._watch(api, rv)
+                    rv = rv or await self._list(api, kind)
+                    rv = await self._watch(api, kind, rv)
                 except asyncio.CancelledError:
                     raise
                 except ApiException as err:
@@ -139,31 +153,42 @@ class KubePods:
             with contextlib.suppress(Exception):
                 await api.close()
 
-    def _selector(self) -> str:
-        return f"spec.nodeName={self.node_id}"
+    def _lister(self, api: client.ApiClient, kind: str) -> tuple[Any, str]:
+        """The list call and field selector of the node's pods, or of the Node itself."""
+        core = client.CoreV1Api(api)
+        if kind == "pods":
+            return core.list_pod_for_all_namespaces, f"spec.nodeName={self.node_id}"
+        return core.list_node, f"metadata.name={self.node_id}"
 
-    async def _list(self, api: client.ApiClient) -> str:
-        answer = await client.CoreV1Api(api).list_pod_for_all_namespaces(
-            field_selector=self._selector())
-        self.pods = {}
-        for pod in answer.items:
-            data = api.sanitize_for_serialization(pod)
+    def _put(self, kind: str, data: dict[str, Any], deleted: bool = False) -> None:
+        if kind == "node":
+            self.node = None if deleted else data
+        elif deleted:
+            self.pods.pop(job_id_of(data), None)
+        else:
             self.pods[job_id_of(data)] = data
+
+    async def _list(self, api: client.ApiClient, kind: str) -> str:
+        lister, selector = self._lister(api, kind)
+        answer = await lister(field_selector=selector)
+        if kind == "pods":
+            self.pods = {}
+        else:
+            self.node = None
+        for item in answer.items:
+            self._put(kind, api.sanitize_for_serialization(item))
         return str(answer.metadata.resource_version)
 
-    async def _watch(self, api: client.ApiClient, rv: str) -> str:
-        stream = watch.Watch().stream(client.CoreV1Api(api).list_pod_for_all_namespaces,
-                                      field_selector=self._selector(), resource_version=rv,
+    async def _watch(self, api: client.ApiClient, kind: str, rv: str) -> str:
+        lister, selector = self._lister(api, kind)
+        stream = watch.Watch().stream(lister, field_selector=selector, resource_version=rv,
                                       timeout_seconds=WATCH_TIMEOUT_S)
         async for event in stream:
-            kind, obj = event["type"], event["object"]
-            if kind == "ERROR":
+            change, obj = event["type"], event["object"]
+            if change == "ERROR":
                 raise ApiException(status=int(getattr(obj, "code", 0) or 0) or 500,
                                    reason=str(getattr(obj, "message", obj)))
             data = api.sanitize_for_serialization(obj)
             rv = str((data.get("metadata") or {}).get("resourceVersion") or rv)
-            if kind == "DELETED":
-                self.pods.pop(job_id_of(data), None)
-            else:
-                self.pods[job_id_of(data)] = data
+            self._put(kind, data, deleted=change == "DELETED")
         return rv

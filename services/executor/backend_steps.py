@@ -130,7 +130,10 @@ def settle_drain(result: DrainResult, gpus_before: int, gpus_after: int) -> Cent
         "gpus_schedulable_before": gpus_before, "gpus_schedulable_after": gpus_after,
     }
     if result.dry_run:
-        outputs["dry_run"] = True
+        # Nothing was evicted, so no replacement can run: what the dry run tells is which
+        # pods would go and which a PodDisruptionBudget would hold now.
+        return Completed(outputs | {"dry_run": True, "would_evict": len(result.moved),
+                                    "held": len(result.held)})
     if result.complete:
         return Completed(outputs)
     parts = []

@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from agent.app import make_jobs
-from agent.jobs.kube_pods import KubePods, pod_gpus, pod_jobs
+from agent.jobs.kube_pods import KubePods, node_mode, pod_gpus, pod_jobs
 from agent.settings import AgentSettings
 from schemas.events.v1 import now_utc
+from schemas.kubernetes import OFFLINE_ANNOTATION
 
 
 def pod(name: str, gpus: int | None, phase: str = "Running", *, namespace: str = "ml",
@@ -53,3 +54,12 @@ def test_agent_jobs_kube_reads_the_pods_of_the_node_named_by_the_agent(tmp_path:
     assert isinstance(source, KubePods)
     assert (source.node_id, source.kubeconfig) == ("gpu-7", "/k/admin.kubeconfig")
     assert source.snapshot(now_utc()) == []  # nothing read yet
+
+
+def test_a_node_carrying_clusterwardens_claim_reports_offline_and_no_other_does() -> None:
+    claimed = {"metadata": {"annotations": {OFFLINE_ANNOTATION: "{}"}},
+               "spec": {"unschedulable": True}}
+    cordoned_by_a_person = {"metadata": {"annotations": {}}, "spec": {"unschedulable": True}}
+    assert node_mode(claimed, "active") == "offline"
+    assert node_mode(cordoned_by_a_person, "active") == "active"
+    assert node_mode(None, "draining") == "draining"

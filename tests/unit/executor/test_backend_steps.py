@@ -107,3 +107,12 @@ def test_a_cluster_backend_round_trips_and_refuses_what_it_cannot_be() -> None:
         ClusterBackend(kind="slurm")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="eviction budget"):
         ClusterBackend(kind="kubernetes", evictions_per_s=0.0)
+
+
+def test_a_dry_run_drain_completes_saying_what_would_be_evicted_and_held() -> None:
+    would = PodMove(namespace="ml", pod="train-0", from_node="gpu-1")
+    result = settle_drain(DrainResult("gpu-1", moved=(would,), held=("ml/train-1",),
+                                      unplaced=("ml/train-0",), dry_run=True), 24, 24)
+    assert isinstance(result, Completed)
+    assert result.outputs["dry_run"] is True
+    assert (result.outputs["would_evict"], result.outputs["held"]) == (1, 1)
