@@ -12,6 +12,9 @@ changes nothing on the API server.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -34,6 +37,7 @@ from tests.integration.harness import (
     stack_env,
     tap,
 )
+from tests.kube import ROOT as REPO_ROOT
 from tests.kube import KubeScope, settled
 
 CLUSTER = "itest"
@@ -142,6 +146,15 @@ def claim_of(node: dict[str, Any]) -> str | None:
     return annotations.get(OFFLINE_ANNOTATION)
 
 
+async def claimed(kube: KubeScope, node: str) -> None:
+    """Waits until ClusterWarden has cordoned the node and put its claim on it."""
+    async def check() -> bool:
+        marks = await kube.node(node)
+        return bool(marks["spec"].get("unschedulable")) and claim_of(marks) is not None
+
+    await settled(check, f"{node} cordoned and claimed by ClusterWarden", timeout_s=90.0)
+
+
 async def a_bad_node_and_two_good(kube: KubeScope, *,
                                   min_available: int) -> tuple[str, list[str]]:
     """Node `bad` with StatefulSet `train` (2 pods, 2 GPUs each) Running on it and a PDB of
@@ -176,12 +189,7 @@ async def test_a_fatal_xid_drains_and_offlines_the_node_and_its_repair_brings_it
     async with kube_cluster(env, tmp_path, kube_api, [bad, *good]) as watch:
         fleet.inject_fault(tmp_path, bad, xid=[79])
 
-        async def cordoned_and_claimed() -> bool:
-            node = await kube.node(bad)
-            return bool(node["spec"].get("unschedulable")) and claim_of(node) is not None
-
-        await settled(cordoned_and_claimed, f"{bad} cordoned and claimed by ClusterWarden",
-                      timeout_s=90.0)
+        await claimed(kube, bad)
         # The PDB holds both pods: the drain waits (the task goes on), nothing is evicted.
         assert await kube.running_on(bad) == ["train-0", "train-1"]
         await watch.catch_up()
@@ -267,3 +275,55 @@ async def test_a_dry_run_changes_nothing_on_the_api_server(
         assert node["metadata"].get("annotations") == before["metadata"].get("annotations")
         assert {p["metadata"]["name"]: p["metadata"]["uid"]
                 for p in await kube.pods()} == pods_before
+
+
+def stop_the_api_server(kube_api: KubeAccess) -> None:
+    """SIGTERM the kube-apiserver of deploy/local/kubernetes.sh (etcd, the controllers and
+    kwok keep running); its pid file is beside the admin kubeconfig."""
+    assert kube_api.kubeconfig is not None
+    pid = int((Path(kube_api.kubeconfig).parent / "kube-apiserver.pid").read_text())
+    os.kill(pid, signal.SIGTERM)
+
+
+def start_the_control_plane_again() -> None:
+    """deploy/local/kubernetes.sh start: a half-running control plane is started whole again
+    (etcd keeps its data)."""
+    subprocess.run([str(REPO_ROOT / "deploy" / "local" / "kubernetes.sh"), "start"],
+                   check=True, timeout=300, stdin=subprocess.DEVNULL)
+
+
+async def test_the_api_server_stopping_mid_drain_fails_the_attempt_and_the_retry_drains(
+    kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path,
+    kube: KubeScope, kube_api: KubeAccess,
+) -> None:
+    # The PDB holds the pods, so the drain is still evicting when the API server stops.
+    bad, good = await a_bad_node_and_two_good(kube, min_available=2)
+    # The retry comes well after the API server is back.
+    env = kube_env(kafka_bootstrap, redis_url, namespace, tmp_path, str(kube_api.kubeconfig),
+                   EXECUTOR_BACKOFF_BASE_S="20")
+    async with kube_cluster(env, tmp_path, kube_api, [bad, *good]) as watch:
+        fleet.inject_fault(tmp_path, bad, xid=[79])
+
+        await claimed(kube, bad)
+        stop_the_api_server(kube_api)
+
+        def attempt_failed(_: Record) -> bool:
+            return any(e.step_state == "failed" for e in task_events(watch, bad, "offline"))
+
+        await watch.wait_for(attempt_failed, 60, "the drain attempt to fail")
+        start_the_control_plane_again()
+        await kube.set_pdb_min_available("train", 1)
+
+        offline, _ = await task_ended(watch, bad, "offline", "succeeded")
+        failed = [e for e in offline if e.step_state == "failed"]
+        assert len(failed) == 1, story(offline)
+        assert "backend_unreachable" in failed[0].reason, story(offline)
+        assert "retry in 20 s" in failed[0].reason, story(offline)
+        # The retry evicted each pod once: the failed attempt evicted none (the PDB held them).
+        drained = step_outputs(offline, "drain_node")
+        assert drained["evicted"] == 2, drained
+        moved = sorted(m.partition("->")[0] for m in str(drained["moves"]).split(","))
+        assert moved == [f"{kube.namespace}/train-0", f"{kube.namespace}/train-1"], drained
+        assert await kube.running_on(bad) == []
+        placed = [*await kube.running_on(good[0]), *await kube.running_on(good[1])]
+        assert sorted(placed) == ["train-0", "train-1"]
