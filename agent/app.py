@@ -19,8 +19,9 @@ from agent.commands import CommandExecutor
 from agent.device import GpuProbe, NvmlProbe, open_probe
 from agent.faults import FaultPlan, read_faults, reports_paused
 from agent.host import HostSampler
+from agent.jobs.kube_pods import KubePods
 from agent.jobs.processes import JobManager, job_args, job_specs
-from agent.jobs.runner import JobRunner
+from agent.jobs.runner import JobRunner, JobSource
 from agent.jobs.simulated import SimulatedJobs
 from agent.journal import Journal
 from agent.ml.serving import ModelServer
@@ -45,8 +46,11 @@ JOB_TICK_S = 0.5
 COMMAND_LIMIT_BYTES = 16_384
 
 
-def make_jobs(settings: AgentSettings, state_dir: Path) -> JobRunner:
-    """The node's jobs as the settings choose them: processes, a simulation, or none."""
+def make_jobs(settings: AgentSettings, state_dir: Path) -> JobRunner | KubePods:
+    """The node's jobs as the settings choose them: processes, a simulation, none, or the
+    GPU pods the Kubernetes API server bound to this node."""
+    if settings.kube_pods:
+        return KubePods(settings.node_id, settings.gpus, settings.kubeconfig or None)
     if settings.simulated:
         return SimulatedJobs(settings.node_id, settings.gpus, now_utc(),
                              names=settings.simulated_job_names(), state_dir=state_dir)
@@ -72,7 +76,7 @@ class Agent:
         self._probe: GpuProbe | None = None
         self._executor: CommandExecutor | None = None
         self._reporter: Reporter | None = None
-        self._jobs: JobRunner | None = None
+        self._jobs: JobSource | None = None
         self.models = ModelServer(settings.model_names(), settings.model_max_concurrency)
         self._load_task: asyncio.Task[None] | None = None
         self._listener = EchoListener(self.state_dir, settings.probe_port, settings.probe_host,
@@ -113,8 +117,11 @@ class Agent:
             max_ttl_s=settings.max_command_ttl_s,
             fault_plan=lambda: read_faults(self.state_dir),
             default_interval_s=settings.interval_s,
-            jobs=JobActions(settings.node_id, settings.gpus, jobs, store,
-                            stop_timeout_s=settings.job_stop_timeout_s),
+            # A Kubernetes node's pods are moved through the cluster's backend, never by its
+            # agent: job actions answer not_supported there.
+            jobs=None if isinstance(jobs, KubePods) else JobActions(
+                settings.node_id, settings.gpus, jobs, store,
+                stop_timeout_s=settings.job_stop_timeout_s),
             models=self.models,
             publish=self._publish_later,
             set_peers=self._peers.assign,

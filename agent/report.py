@@ -17,6 +17,7 @@ from agent.faults import (
     job_faults,
 )
 from agent.host import HostSampler
+from agent.jobs.kube_pods import KubePods
 from agent.jobs.runner import JobSource
 from agent.journal import Journal
 from schemas.envelope import IDENTIFIER_MAX, short_text
@@ -79,6 +80,10 @@ class Reporter:
     def build(self, now: datetime, plan: FaultPlan) -> NodeReport:
         """The report at `now`, with the plan's injected faults applied."""
         mode = self.journal.mode
+        if isinstance(self.jobs, KubePods):
+            # On Kubernetes the backend cordons the node and no command reaches its agent:
+            # the Node's claim says whether ClusterWarden took it offline.
+            mode = self.jobs.mode(mode)
         faults: list[Fault] = []
         try:
             self.jobs.reconcile(mode, plan)

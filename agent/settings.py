@@ -15,6 +15,8 @@ IDENTIFIER_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"
 JOB_NAMES = ("train", "infer")
 SIMULATED_JOBS = "sim"
 SIMULATED_PREFIX = "sim:"
+# The jobs of a Kubernetes node: its GPU pods, read from the API server (agent/jobs/kube_pods.py).
+KUBE_PODS = "kube"
 CHECKPOINTS_DIR = "checkpoints"
 
 
@@ -48,7 +50,13 @@ class AgentSettings(ServiceSettings):
         description="Comma-separated ML jobs to run as child processes (train, infer), "
         "'' for none (a standby node), or 'sim' for simulated jobs that start no process "
         "(large fleets); 'sim:<jobs>' simulates only those ('sim:' none: a simulated "
-        "standby node, whose migrated-in jobs are simulated too).",
+        "standby node, whose migrated-in jobs are simulated too); 'kube' for the GPU pods "
+        "the Kubernetes API server has bound to this node (AGENT_NODE_ID is its Node name).",
+    )
+    kubeconfig: str = Field(
+        default="",
+        description="With AGENT_JOBS=kube: the kubeconfig to read pods with; empty: the "
+        "in-cluster service account.",
     )
     # One directory every node of the fleet reads and writes: migrate_job exports a job's
     # checkpoint there, start_job on the next node resumes from it.
@@ -117,6 +125,8 @@ class AgentSettings(ServiceSettings):
         names = [part.strip() for part in text.split(",") if part.strip()]
         if names == [SIMULATED_JOBS] and not simulated:
             return SIMULATED_JOBS
+        if names == [KUBE_PODS] and not simulated:
+            return KUBE_PODS
         unknown = sorted(set(names) - set(JOB_NAMES))
         if unknown:
             raise ValueError(
@@ -127,13 +137,18 @@ class AgentSettings(ServiceSettings):
         return f"{SIMULATED_PREFIX}{listed}" if simulated else listed
 
     @property
+    def kube_pods(self) -> bool:
+        """Whether the node's jobs are the pods the Kubernetes API server bound to it."""
+        return self.jobs == KUBE_PODS
+
+    @property
     def simulated(self) -> bool:
         """Whether the node's jobs are simulated (no processes)."""
         return self.jobs == SIMULATED_JOBS or self.jobs.startswith(SIMULATED_PREFIX)
 
     def job_names(self) -> list[str]:
         """The ML jobs to run as processes (empty for simulated jobs and for none)."""
-        if self.simulated:
+        if self.simulated or self.kube_pods:
             return []
         return [name for name in self.jobs.split(",") if name]
 

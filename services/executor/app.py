@@ -18,6 +18,7 @@ from services.shared.runtime import build_app
 def create_app(settings: ExecutorSettings | None = None) -> FastStream:
     # The concrete centre (cluster view, capacity provider) is imported here only: the
     # handlers know it through the CentreActions port.
+    from services.executor.backend_steps import ClusterBackends
     from services.executor.centre import build_centre
 
     settings = settings or ExecutorSettings()
@@ -26,9 +27,12 @@ def create_app(settings: ExecutorSettings | None = None) -> FastStream:
     redis = connect_redis(settings.redis_url)
     keys = Keys(settings.namespace)
     signer = local_signer(settings.signing_key, settings.state_dir)
+    # Each cluster's registered backend (services/shared/registry.py): Kubernetes clusters'
+    # node steps go through their API server.
+    backends = ClusterBackends(redis, keys)
     executor = Executor(settings, Journal(redis, keys), signer,
                         EventBus(broker, settings.namespace), redis, keys,
-                        build_centre(settings, redis, keys))
+                        build_centre(settings, redis, keys), backends=backends)
     subscribe(broker, settings, Topic.OPS_TASKS_SCHEDULED, "executor-tasks",
               executor.on_scheduled)
     subscribe(broker, settings, Topic.NODE_COMMAND_RESULTS, "executor-results", executor.on_result)
@@ -38,5 +42,5 @@ def create_app(settings: ExecutorSettings | None = None) -> FastStream:
     return build_app(
         broker, settings,
         loops=[("deadline-sweep", settings.deadline_sweep_interval_s, executor.sweep_deadlines)],
-        closers=[redis.aclose],
+        closers=[backends.close, redis.aclose],
     )

@@ -23,7 +23,7 @@ from services.executor.commands import CommandSender
 from services.executor.events import TaskEvents
 from services.executor.journal import CANCEL_MARK, QUERY_MARK, Journal
 from services.executor.operator_controls import OperatorControls
-from services.executor.ports import CentreActions, Publisher
+from services.executor.ports import BackendSteps, CentreActions, Publisher
 from services.executor.recovery import Recovery
 from services.executor.settings import ExecutorSettings
 from services.executor.workflow import WorkflowCore
@@ -38,7 +38,7 @@ class Executor:
 
     def __init__(self, settings: ExecutorSettings, journal: Journal, signer: CommandSigner,
                  bus: Publisher, redis: Redis, keys: Keys, centre: CentreActions, *,
-                 clock: Clock = now_utc) -> None:
+                 clock: Clock = now_utc, backends: BackendSteps | None = None) -> None:
         self.settings = settings
         self.journal = journal
         self.signer = signer
@@ -46,7 +46,7 @@ class Executor:
         self.events = TaskEvents(bus, clock)
         self.commands = CommandSender(settings, journal, signer, bus, clock)
         self.workflow = WorkflowCore(settings, journal, locks, centre, self.events,
-                                     self.commands, clock)
+                                     self.commands, clock, backends)
         self.recovery = Recovery(settings, journal, self.workflow, self.commands, self.events,
                                  clock)
         self.controls = OperatorControls(settings, journal, locks, self.workflow,

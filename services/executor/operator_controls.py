@@ -230,7 +230,9 @@ class OperatorControls:
         reason = f"{control.action}: {control.reason} ({decision.reason})"
         extra = via.outputs() if via else {}
         if control.action == "terminate":
-            await self.commands.cancel(wf)
+            if not await self.core.runs_in_centre(wf):
+                # A backend's step has no agent command to cancel: it ends by itself.
+                await self.commands.cancel(wf)
             await self.core.finalise(wf.task, "terminated", previous,
                                      f"terminate: {control.reason}", cause="terminated",
                                      actor=control.actor, run=wf.run, step=wf.step,

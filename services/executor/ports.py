@@ -69,3 +69,29 @@ class Publisher(Protocol):
     """Publishes events (the Kafka EventBus in production, a recorder in tests)."""
 
     async def publish(self, topic: Topic, event: Envelope) -> None: ...
+
+
+class BackendSteps(Protocol):
+    """Node steps of clusters whose backend is not the local agents (backend_steps.py)."""
+
+    async def handles(self, task: OpsTask, step: Step) -> bool:
+        """Whether the step goes through the task's cluster's backend (not an agent's
+        command, nor the centre's local capacity provider)."""
+        ...
+
+    async def run(self, task: OpsTask, index: int, command_id: UUID,
+                  dry_run: bool) -> CentreResult:
+        """Carry out step `index` through the backend; idempotent (a resend changes
+        nothing: every write carries the task and step, and re-reads before acting)."""
+        ...
+
+
+class LocalAgentsOnly:
+    """No backend but the local agents: every node step is an agent's command."""
+
+    async def handles(self, task: OpsTask, step: Step) -> bool:
+        return False
+
+    async def run(self, task: OpsTask, index: int, command_id: UUID,
+                  dry_run: bool) -> CentreResult:
+        return Failed("not_supported: no backend carries out this step", permanent=True)

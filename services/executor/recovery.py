@@ -75,9 +75,9 @@ class Recovery:
         elif wf.step_state == "scheduled":
             await self.core.kick(task_id)
         elif (wf.step_state == "started" and not wf.query_id
-              and agent_action(wf.task.steps[wf.step]) is not None):
+              and not await self.core.runs_in_centre(wf)):
             await self.send_query(wf)
-        # a started centre step is re-run by its deadline (its provider is idempotent)
+        # a started centre or backend step is re-run by its deadline (both are idempotent)
 
     async def _retry_due(self, task_id: str) -> None:
         if not await self.core.kick(task_id):
@@ -94,7 +94,7 @@ class Recovery:
         if wf.step_state != "started" or wf.deadline_ms > now_ms:
             return  # moved on, or its deadline was just extended
         step = wf.task.steps[wf.step]
-        if agent_action(step) is None:
+        if await self.core.runs_in_centre(wf):
             await self._centre_overdue(wf, step, now_ms)
         elif wf.query_id:
             await self.core.step_failed(wf, "unknown", "timeout: no answer to the status query")

@@ -44,10 +44,12 @@ from services.executor.journal import (
     epoch_ms,
 )
 from services.executor.ports import (
+    BackendSteps,
     CentreActions,
     CentreResult,
     Completed,
     Failed,
+    LocalAgentsOnly,
     Waiting,
 )
 from services.executor.settings import ExecutorSettings
@@ -61,11 +63,13 @@ class WorkflowCore:
 
     def __init__(self, settings: ExecutorSettings, journal: Journal, locks: Locks,
                  centre: CentreActions, events: TaskEvents, commands: CommandSender,
-                 clock: Clock) -> None:
+                 clock: Clock, backends: BackendSteps | None = None) -> None:
         self.settings = settings
         self.journal = journal
         self.locks = locks
         self.centre = centre
+        # Node steps of clusters with a backend other than the local agents (Kubernetes).
+        self.backends: BackendSteps = backends or LocalAgentsOnly()
         self.events = events
         self.commands = commands
         self.clock = clock
@@ -148,19 +152,28 @@ class WorkflowCore:
         await self.events.emit(task, "running", "running", step=index, step_state="started",
                                command_id=command_id, run=wf.run,
                                reason=f"{step.name}: {step.action.action} attempt {wf.attempt + 1}")
-        if agent_action(step) is None:
+        if await self.runs_in_centre(wf):
             await self.run_centre(wf)
         else:
             await self.commands.send(wf)
 
     # -------------------------------------------------------- centre actions and children
 
+    async def runs_in_centre(self, wf: Workflow) -> bool:
+        """Whether the executor carries out the current step itself (a centre action, or a
+        node step through the cluster's backend) rather than sending an agent a command."""
+        step = wf.task.steps[wf.step]
+        return agent_action(step) is None or await self.backends.handles(wf.task, step)
+
     async def run_centre(self, wf: Workflow) -> None:
         step = wf.task.steps[wf.step]
         result: CentreResult
+        # The cluster's backend first: on Kubernetes even a centre action (migrate_jobs,
+        # capacity) is the backend's, not the local agents' and provider's.
+        runner: CentreActions | BackendSteps = (
+            self.backends if await self.backends.handles(wf.task, step) else self.centre)
         try:
-            result = await self.centre.run(wf.task, wf.step, UUID(wf.command_id),
-                                           wf.task.dry_run)
+            result = await runner.run(wf.task, wf.step, UUID(wf.command_id), wf.task.dry_run)
         except INFRASTRUCTURE_ERRORS:
             raise  # fail closed: the step stays started and its deadline re-runs it
         except Exception as err:

@@ -63,6 +63,11 @@ class Keys:
         """SET of the node ids enrolled in a cluster; reports from others are quarantined."""
         return f"{self.prefix}registry:{cluster}"
 
+    def cluster_backend(self, cluster: str) -> str:
+        """STRING (JSON) of the backend a cluster's node steps go through (registry.py's
+        ClusterBackend); none: the local agents."""
+        return f"{self.prefix}cluster-backend:{cluster}"
+
     def breaker_holds(self, cluster: str) -> str:
         """SET of a cluster's node- and cluster-scoped breakers that are not closed (`offline@n1`,
         `offline@*`): the scheduler holds back what they stop, the router avoids their nodes."""

@@ -11,6 +11,7 @@ from warden.cli import (
     alerts,
     api,
     breaker,
+    clusters,
     demo,
     events,
     fleet,
@@ -27,7 +28,8 @@ app = typer.Typer(help="ClusterWarden: keeps an ML cluster healthy, balanced and
 for command in (local.keys, local.topics, events.events, local.up, demo.demo, nodes.nodes,
                 ml.submit):
     app.command()(command)
-for name, group in (("fleet", fleet.app), ("breaker", breaker.app), ("tasks", tasks.app),
+for name, group in (("fleet", fleet.app), ("cluster", clusters.app), ("breaker", breaker.app),
+                    ("tasks", tasks.app),
                     ("templates", templates.app), ("api", api.app), ("ml", ml.app),
                     ("alerts", alerts.app), ("maintenance", maintenance.app),
                     ("rotation", maintenance.rotation_app)):

@@ -19,13 +19,13 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from common.clock import EpochClock
+from schemas.kubernetes import STEP_ANNOTATION
 from services.backends.base import BackendError, DrainResult, PodMove, StepRef
 from services.backends.budget import TokenBucket
 from services.backends.kubernetes.cache import ClusterCache
 from services.backends.kubernetes.connection import as_json, call, dry_run_args
 from services.backends.kubernetes.gpus import PodRef, find_replacement, live, pod_gpus
 
-STEP_ANNOTATION = "clusterwarden.io/step"
 PDB_RETRY_S = 1.0
 
 

@@ -11,9 +11,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from schemas.kubernetes import GPU_RESOURCE
 from services.backends.base import GpuPod, Inventory, NodeGpus
 
-GPU_RESOURCE = "nvidia.com/gpu"
 _DONE_PHASES = ("Succeeded", "Failed")
 
 

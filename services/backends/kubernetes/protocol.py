@@ -17,10 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from schemas.kubernetes import OFFLINE_ANNOTATION, TAINT_KEY
 from services.backends.base import Outcome, StepRef, TaintEffect
 
-TAINT_KEY = "clusterwarden.io/unhealthy"
-OFFLINE_ANNOTATION = "clusterwarden.io/offline"
 # A taint's value is a label value: at most 63 of these characters, alphanumeric at both ends.
 _LABEL_VALUE_MAX = 63
 _NOT_LABEL_CHAR = re.compile(r"[^A-Za-z0-9._-]+")

@@ -5,10 +5,10 @@ controller-manager, kwok playing the kubelets); dry run evicts nothing."""
 
 from __future__ import annotations
 
+from schemas.kubernetes import OFFLINE_ANNOTATION
 from services.backends.base import StepRef
 from services.backends.budget import TokenBucket
 from services.backends.kubernetes.backend import KubernetesBackend
-from services.backends.kubernetes.protocol import OFFLINE_ANNOTATION
 from tests.kube import KubeScope, settled
 
 OFFLINE = StepRef(task_id="task-1", step="0:offline_node")

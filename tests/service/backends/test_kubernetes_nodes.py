@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from schemas.kubernetes import OFFLINE_ANNOTATION, TAINT_KEY
 from services.backends.base import BackendError, Outcome, StepRef
 from services.backends.kubernetes.backend import KubernetesBackend
-from services.backends.kubernetes.protocol import OFFLINE_ANNOTATION, TAINT_KEY
 from tests.kube import KubeScope
 
 OFFLINE = StepRef(task_id="task-off", step="0:offline_node")

@@ -36,7 +36,14 @@ from schemas.topics import Topic
 from services.executor.commands import command_id_for
 from services.executor.handlers import Executor
 from services.executor.journal import Journal, Workflow
-from services.executor.ports import CentreResult, Completed, Failed, GuardCheck, Waiting
+from services.executor.ports import (
+    BackendSteps,
+    CentreResult,
+    Completed,
+    Failed,
+    GuardCheck,
+    Waiting,
+)
 from services.executor.settings import ExecutorSettings
 from services.shared.redis_client import Keys, text
 
@@ -188,13 +195,15 @@ class Harness:
 
 
 def make_harness(redis: Redis, keys: Keys, tmp_path: Path,
-                 settings: ExecutorSettings | None = None) -> Harness:
-    """An executor on the real Redis with a fake bus and a fake centre."""
+                 settings: ExecutorSettings | None = None,
+                 backends: BackendSteps | None = None) -> Harness:
+    """An executor on the real Redis with a fake bus and a fake centre (and, if given, the
+    clusters' backends)."""
     private, _ = ensure_keypair(tmp_path / "keys")
     journal = Journal(redis, keys)
     bus, centre, clock = FakeBus(), FakeCentre(), SetClock()
     executor = Executor(settings or ExecutorSettings(), journal, signer_from_file(private), bus,
-                        redis, keys, centre, clock=clock)
+                        redis, keys, centre, clock=clock, backends=backends)
     return Harness(executor, journal, bus, centre, redis, keys, clock)
 
 

@@ -8,10 +8,9 @@ from typing import Any
 
 import pytest
 
+from schemas.kubernetes import OFFLINE_ANNOTATION, TAINT_KEY
 from services.backends.base import Outcome, StepRef
 from services.backends.kubernetes.protocol import (
-    OFFLINE_ANNOTATION,
-    TAINT_KEY,
     Claim,
     NodeView,
     claim_of,

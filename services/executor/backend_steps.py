@@ -1,0 +1,247 @@
+"""Node steps carried out through a cluster's backend instead of a signed agent command.
+
+A cluster registered with the `kubernetes` backend (services/shared/registry.py) has its
+`drain_node`, `offline_node`, `online_node`, `undrain_node`, `migrate_jobs`, `add_capacity` and
+`remove_capacity` steps carried out here, through its API server, and settled like a centre
+action (Completed / Failed). Everything around the step is the workflow's as for any other:
+the journal's compare-and-set, the task's epoch, its locks, budgets, rate limits, breakers,
+retries, deadlines and dry run. Every write names the task and the step (`StepRef`) and the
+backend re-reads before acting, so a re-run after a crash, or the deadline sweep running a
+step again, changes nothing that was done.
+
+What each result means to the step (`settle_node`, `settle_drain`, pure):
+* applied / already / dry run: completed, the outputs say which;
+* refused (someone else owns the node, e.g. a person cordoned it): failed **permanently**,
+  the reason quotes why; nothing was changed and no retry will change it;
+* a drain with pods still held by a PodDisruptionBudget, or without a replacement Running
+  elsewhere, when its time ran out: failed, retried (the next attempt evicts only what is
+  left);
+* forbidden credentials or an operation the backend does not carry out: failed permanently;
+  the API server unreachable: failed, retried after the backoff (fail closed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from uuid import UUID
+
+from redis.asyncio import Redis
+
+from schemas.envelope import short_text
+from schemas.events.v1 import (
+    AddCapacity,
+    DrainNode,
+    MigrateJobs,
+    OfflineNode,
+    OnlineNode,
+    OpsTask,
+    OutputValue,
+    RemoveCapacity,
+    Step,
+    UndrainNode,
+)
+from services.backends.base import (
+    Backend,
+    BackendError,
+    BackendForbidden,
+    BackendUnsupported,
+    DrainResult,
+    Inventory,
+    NodeResult,
+    Outcome,
+    StepRef,
+)
+from services.backends.budget import TokenBucket
+from services.executor.ports import CentreResult, Completed, Failed
+from services.shared.redis_client import Keys
+from services.shared.registry import ClusterBackend, cluster_backend
+
+log = logging.getLogger("clusterwarden.executor.backends")
+
+BACKEND_ACTIONS = (DrainNode, UndrainNode, OfflineNode, OnlineNode, MigrateJobs, AddCapacity,
+                   RemoveCapacity)
+# A step's backend call must end before the step's deadline, or the deadline sweep would run
+# the step again beside it: the drain gets this share of the step's time.
+DRAIN_SHARE = 0.8
+
+Opener = Callable[[ClusterBackend], Awaitable[Backend]]
+
+
+async def open_kubernetes(config: ClusterBackend) -> Backend:
+    """The Kubernetes backend of a cluster, with its eviction budget (the caller closes it)."""
+    from services.backends.kubernetes.backend import KubernetesBackend
+    from services.backends.kubernetes.connection import KubeAccess
+
+    access = KubeAccess(kubeconfig=config.kubeconfig or None, context=config.context or None)
+    budget = TokenBucket(config.evictions_per_s, config.eviction_burst)
+    return await KubernetesBackend.open(access, budget)
+
+
+def step_ref(task: OpsTask, index: int) -> StepRef:
+    """What a backend's writes record: the task and its step (index and name)."""
+    return StepRef(task_id=str(task.task_id), step=f"{index}:{task.steps[index].name}")
+
+
+def task_reason(task: OpsTask) -> str:
+    """Why the task takes the node out, as a taint value and the claim will say it."""
+    first = task.evidence[0] if task.evidence else None
+    detail = (first.detail or first.metric) if first is not None else ""
+    return f"{task.need_kind} {detail}".strip() if detail else str(task.need_kind)
+
+
+def schedulable_gpus(inventory: Inventory) -> int:
+    """The GPUs new pods can be placed on: allocatable on schedulable, Ready nodes."""
+    return sum(n.allocatable for n in inventory.nodes if n.schedulable and n.ready)
+
+
+def settle_node(result: NodeResult, action: str) -> CentreResult:
+    """A node operation's result as the step's end."""
+    if result.outcome is Outcome.REFUSED:
+        return Failed(short_text(f"refused: {action} of {result.node}: {result.detail}"),
+                      permanent=True)
+    outputs: dict[str, OutputValue] = {"backend": "kubernetes", "node": result.node,
+                                       "outcome": result.outcome.value}
+    if result.detail:
+        outputs["detail"] = short_text(result.detail)
+    if result.outcome is Outcome.DRY_RUN:
+        outputs["dry_run"] = True
+    return Completed(outputs)
+
+
+def moves_text(result: DrainResult) -> str:
+    """Each evicted pod and where its replacement runs: `ns/pod->node` (`?` for none)."""
+    return ",".join(f"{m.namespace}/{m.pod}->{m.to_node or '?'}" for m in result.moved)
+
+
+def settle_drain(result: DrainResult, gpus_before: int, gpus_after: int) -> CentreResult:
+    """A drain's result as the step's end; the outputs keep the schedulable GPUs before and
+    after, and where each replacement runs."""
+    if result.refused:
+        return Failed(short_text(f"refused: drain of {result.node}: {result.refused}"),
+                      permanent=True)
+    outputs: dict[str, OutputValue] = {
+        "backend": "kubernetes", "node": result.node, "evicted": len(result.moved),
+        "moves": short_text(moves_text(result)),
+        "pdb_waits": sum(m.pdb_waits for m in result.moved),
+        "replacements_on": short_text(",".join(sorted({m.to_node for m in result.moved
+                                                       if m.to_node}))),
+        "gpus_schedulable_before": gpus_before, "gpus_schedulable_after": gpus_after,
+    }
+    if result.dry_run:
+        # Nothing was evicted, so no replacement can run: what the dry run tells is which
+        # pods would go and which a PodDisruptionBudget would hold now.
+        return Completed(outputs | {"dry_run": True, "would_evict": len(result.moved),
+                                    "held": len(result.held)})
+    if result.complete:
+        return Completed(outputs)
+    parts = []
+    if result.held:
+        parts.append(f"{len(result.held)} pod(s) still held by a PodDisruptionBudget: "
+                     f"{','.join(result.held)}")
+    if result.unplaced:
+        parts.append(f"{len(result.unplaced)} evicted pod(s) without a replacement Running "
+                     f"elsewhere: {','.join(result.unplaced)}")
+    return Failed(short_text(f"drain_incomplete: {result.node}: {'; '.join(parts)}"),
+                  permanent=False)
+
+
+class ClusterBackends:
+    """Runs steps of non-local clusters through their backend; one opened backend (its
+    watches, its eviction budget) per cluster, kept for the process's life."""
+
+    def __init__(self, redis: Redis, keys: Keys, *,
+                 openers: dict[str, Opener] | None = None) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.openers: dict[str, Opener] = openers or {"kubernetes": open_kubernetes}
+        self._open: dict[str, tuple[ClusterBackend, Backend]] = {}
+        self._lock = asyncio.Lock()
+
+    async def handles(self, task: OpsTask, step: Step) -> bool:
+        if not isinstance(step.action, BACKEND_ACTIONS):
+            return False
+        config = await cluster_backend(self.redis, self.keys, task.cluster_id)
+        return config.kind != "local"
+
+    async def backend(self, cluster: str) -> Backend:
+        """The cluster's opened backend (opened again if its registration changed)."""
+        config = await cluster_backend(self.redis, self.keys, cluster)
+        async with self._lock:
+            opened = self._open.get(cluster)
+            if opened is not None and opened[0] == config:
+                return opened[1]
+            if opened is not None:
+                await _close(opened[1])
+                del self._open[cluster]
+            backend = await self.openers[config.kind](config)
+            self._open[cluster] = (config, backend)
+            return backend
+
+    async def run(self, task: OpsTask, index: int, command_id: UUID,
+                  dry_run: bool) -> CentreResult:
+        action = task.steps[index].action.action
+        try:
+            backend = await self.backend(task.cluster_id)
+            return await self._carry_out(backend, task, index, dry_run)
+        except BackendForbidden as err:
+            return Failed(short_text(f"forbidden: {err}"), permanent=True)
+        except BackendUnsupported as err:
+            return Failed(short_text(f"not_supported: {err}"), permanent=True)
+        except BackendError as err:
+            # Fail closed: nothing is assumed done; the retry re-reads and carries on.
+            log.warning("task %s step %d (%s): %s", task.task_id, index, action, err)
+            return Failed(short_text(f"backend_unreachable: {err}"), permanent=False)
+
+    async def _carry_out(self, backend: Backend, task: OpsTask, index: int,
+                         dry_run: bool) -> CentreResult:
+        step = task.steps[index]
+        action, ref = step.action, step_ref(task, index)
+        if isinstance(action, OfflineNode):
+            return settle_node(await backend.offline_node(
+                action.node_id, ref, task_reason(task), dry_run=dry_run), "offline")
+        if isinstance(action, OnlineNode | UndrainNode):
+            # Undrain undoes a drain's cordon and claim: what online undoes.
+            return settle_node(await backend.online_node(action.node_id, ref, dry_run=dry_run),
+                               action.action)
+        if isinstance(action, DrainNode):
+            return await self._drain(backend, task, action.node_id, index, dry_run)
+        if isinstance(action, MigrateJobs):
+            if action.node_id is None:
+                return Completed({"backend": "kubernetes", "moved": 0,
+                                  "reason": "the cluster's scheduler places pods; running "
+                                            "pods are not moved to rebalance"})
+            # Moving a node's jobs out is its drain: evicted pods come back elsewhere through
+            # their controllers; a drained node has nothing left to evict.
+            return await self._drain(backend, task, action.node_id, index, dry_run)
+        if isinstance(action, AddCapacity):
+            await backend.add_capacity(action.pool, action.nodes or 1, ref, dry_run=dry_run)
+        elif isinstance(action, RemoveCapacity):
+            await backend.remove_capacity(action.pool, (), ref, dry_run=dry_run)
+        return Failed(f"not_supported: {action.action} through the backend", permanent=True)
+
+    async def _drain(self, backend: Backend, task: OpsTask, node: str, index: int,
+                     dry_run: bool) -> CentreResult:
+        step = task.steps[index]
+        before = schedulable_gpus(await backend.inventory())
+        result = await backend.drain_node(node, step_ref(task, index),
+                                          timeout_s=step.timeout_s * DRAIN_SHARE,
+                                          reason=task_reason(task), dry_run=dry_run)
+        after = schedulable_gpus(await backend.inventory())
+        return settle_drain(result, before, after)
+
+    async def close(self) -> None:
+        async with self._lock:
+            for _, backend in self._open.values():
+                await _close(backend)
+            self._open.clear()
+
+
+async def _close(backend: Backend) -> None:
+    close = getattr(backend, "close", None)
+    if close is not None:
+        try:
+            await close()
+        except Exception:  # closing must never be why a step fails
+            log.exception("closing a backend failed")

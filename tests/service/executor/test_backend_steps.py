@@ -1,0 +1,163 @@
+"""The executor's seam to a cluster's backend, on the real Redis: a cluster registered with
+the `kubernetes` backend has its node steps carried out through the backend (no agent command
+is sent), each call naming the task and step; a refusal fails the task at once, an unreachable
+API server fails the attempt and the retry goes through; a dry-run task asks for dry runs; a
+cluster with no backend named still commands its agents. The real API server's side is in
+tests/integration/test_kubernetes_remediation.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from redis.asyncio import Redis
+
+from schemas.events.v1 import DrainNode, OfflineNode, OnlineNode
+from services.backends.base import (
+    Backend,
+    BackendError,
+    CapacityResult,
+    DrainResult,
+    Inventory,
+    NodeGpus,
+    NodeResult,
+    Outcome,
+    PodMove,
+    StepRef,
+    TaintEffect,
+)
+from services.executor.backend_steps import ClusterBackends
+from services.executor.settings import ExecutorSettings
+from services.shared.redis_client import Keys
+from services.shared.registry import ClusterBackend, set_cluster_backend
+from tests.service.executor.test_handlers import CLUSTER, NODE, Harness, make_harness, make_task
+
+KUBE = ClusterBackend(kind="kubernetes", kubeconfig="/nowhere/kubeconfig",
+                      evictions_per_s=2.0, eviction_burst=1)
+
+
+@dataclass
+class RecordingBackend:
+    """A backend that records each call and answers what the test set."""
+
+    calls: list[tuple[str, str, StepRef, bool]] = field(default_factory=list)
+    offline: list[NodeResult | Exception] = field(default_factory=list)
+
+    async def offline_node(self, node: str, step: StepRef, reason: str, *,
+                           effect: TaintEffect = "NoSchedule",
+                           dry_run: bool = False) -> NodeResult:
+        self.calls.append(("offline", node, step, dry_run))
+        answer = self.offline.pop(0) if self.offline else NodeResult(node, Outcome.APPLIED)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def online_node(self, node: str, step: StepRef, *,
+                          dry_run: bool = False) -> NodeResult:
+        self.calls.append(("online", node, step, dry_run))
+        return NodeResult(node, Outcome.DRY_RUN if dry_run else Outcome.APPLIED)
+
+    async def drain_node(self, node: str, step: StepRef, *, timeout_s: float,
+                         reason: str = "drain", dry_run: bool = False) -> DrainResult:
+        self.calls.append(("drain", node, step, dry_run))
+        return DrainResult(node, moved=(PodMove("ml", "train-0", node, "train-0", "gpu-2"),),
+                           dry_run=dry_run)
+
+    async def add_capacity(self, pool: str, count: int, step: StepRef, *,
+                           dry_run: bool = False) -> CapacityResult:
+        raise NotImplementedError
+
+    async def remove_capacity(self, pool: str, nodes: tuple[str, ...], step: StepRef, *,
+                              dry_run: bool = False) -> CapacityResult:
+        raise NotImplementedError
+
+    async def inventory(self) -> Inventory:
+        return Inventory(nodes=(NodeGpus("gpu-2", 8, 8, schedulable=True, ready=True),),
+                         pods_by_node={}, pending=())
+
+
+async def kube_harness(redis: Redis, keys: Keys, tmp_path: Path,
+                       backend: RecordingBackend) -> tuple[Harness, list[ClusterBackend]]:
+    opened: list[ClusterBackend] = []
+
+    async def opener(config: ClusterBackend) -> Backend:
+        opened.append(config)
+        return backend
+
+    await set_cluster_backend(redis, keys, CLUSTER, KUBE)
+    harness = make_harness(redis, keys, tmp_path, ExecutorSettings(backoff_base_s=1.0),
+                           ClusterBackends(redis, keys, openers={"kubernetes": opener}))
+    return harness, opened
+
+
+async def test_a_kubernetes_clusters_node_steps_go_through_its_backend_not_to_an_agent(
+    redis: Redis, keys: Keys, tmp_path: Path,
+) -> None:
+    backend = RecordingBackend()
+    harness, opened = await kube_harness(redis, keys, tmp_path, backend)
+    task = make_task(DrainNode(node_id=NODE), OfflineNode(node_id=NODE))
+    await harness.dispatch(task)
+    assert harness.commands() == []
+    assert [(c[0], c[1], c[2].task_id, c[2].step, c[3]) for c in backend.calls] == [
+        ("drain", NODE, str(task.task_id), "0:s0", False),
+        ("offline", NODE, str(task.task_id), "1:s1", False)]
+    assert harness.states(task)[-1] == "succeeded"
+    drained = harness.events(task)[2]
+    assert drained.step_state == "completed"
+    assert drained.outputs["moves"] == "ml/train-0->gpu-2"
+    assert drained.outputs["gpus_schedulable_before"] == 8
+    # One backend per cluster, opened with the registered access and eviction budget.
+    assert opened == [KUBE]
+    assert await harness.lock_owner(f"node.{NODE}") is None
+
+
+async def test_a_refusal_ends_the_task_at_once_and_an_unreachable_server_is_retried(
+    redis: Redis, keys: Keys, tmp_path: Path,
+) -> None:
+    backend = RecordingBackend(offline=[
+        NodeResult(NODE, Outcome.REFUSED, "cordoned by someone else (no ClusterWarden claim)")])
+    harness, _ = await kube_harness(redis, keys, tmp_path, backend)
+    refused = make_task(OfflineNode(node_id=NODE))
+    await harness.dispatch(refused)
+    final = harness.final(refused)
+    assert final.state == "failed"
+    assert "refused: offline of n1: cordoned by someone else" in final.reason
+    assert len(backend.calls) == 1  # permanent: no second attempt
+
+    backend.offline = [BackendError("patch node n1: the API server could not be reached")]
+    flaky = make_task(OfflineNode(node_id=NODE))
+    await harness.dispatch(flaky)
+    failed = harness.events(flaky)[-1]
+    assert failed.step_state == "failed"
+    assert "backend_unreachable" in failed.reason
+    assert "retry in 1 s" in failed.reason
+    await harness.retry_due_now(flaky)
+    await harness.executor.sweep_deadlines()
+    assert harness.final(flaky).state == "succeeded"
+    assert [c[2].task_id for c in backend.calls[1:]] == [str(flaky.task_id)] * 2
+    assert harness.commands() == []
+
+
+async def test_a_dry_run_task_asks_the_backend_for_dry_runs_only(
+    redis: Redis, keys: Keys, tmp_path: Path,
+) -> None:
+    backend = RecordingBackend()
+    harness, _ = await kube_harness(redis, keys, tmp_path, backend)
+    task = make_task(OnlineNode(node_id=NODE)).model_copy(update={"dry_run": True})
+    await harness.dispatch(task)
+    assert backend.calls[0][0] == "online"
+    assert backend.calls[0][3] is True
+    assert harness.events(task)[2].outputs["dry_run"] is True
+    assert harness.final(task).state == "succeeded"
+
+
+async def test_a_cluster_with_no_backend_named_still_commands_its_agents(
+    redis: Redis, keys: Keys, tmp_path: Path,
+) -> None:
+    backend = RecordingBackend()
+    harness, _ = await kube_harness(redis, keys, tmp_path, backend)
+    await redis.delete(keys.cluster_backend(CLUSTER))
+    task = make_task(OfflineNode(node_id=NODE))
+    await harness.dispatch(task)
+    assert backend.calls == []
+    assert harness.last_command().action.action == "offline_node"
