@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import socket
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -20,6 +19,7 @@ from common.messaging import delete_topics, ensure_topics
 from schemas.events.v1 import OpsNeed, TaskEvent
 from schemas.topics import Topic, topic_name
 from services.shared.registry import register
+from tests.ports import free_port
 from tests.waiting import eventually
 from warden import launcher
 
@@ -279,13 +279,6 @@ def is_success_of(events: Tap, target: str) -> Callable[[Record], bool]:
     def check(record: Record) -> bool:
         return any(e.state == "succeeded" for e in task_events_for(events, target))
     return check
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -31,14 +30,9 @@ from services.capacity.provider import (
 from services.capacity.settings import CapacitySettings
 from services.shared.redis_client import Keys, text
 from services.shared.registry import register_nodes, registered_nodes
+from tests.ports import free_port
 
 CLUSTER = "c1"
-
-
-def closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 
@@ -74,7 +68,7 @@ def provider(redis: Redis, keys: Keys, tmp_path: Path, recorder: Recorder | None
     return LocalProvider(
         redis, keys, list(standby), state_dir=tmp_path, namespace="captest",
         env={"PATH": os.environ.get("PATH", ""),
-             "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{closed_port()}"},
+             "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}"},
         trusted_keys=[public], interval_s=0.5, stop_timeout_s=15.0, **extra,
     )
 

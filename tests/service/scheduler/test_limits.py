@@ -5,7 +5,6 @@ answer for holding them too, and a bug in a limit propagating instead."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator
 from typing import Any, NoReturn
 
@@ -23,6 +22,7 @@ from services.scheduler.safety_store import ADMIT_IN_FLIGHT, SafetyStore
 from services.scheduler.settings import SchedulerSettings
 from services.shared.audit import AuditLog
 from services.shared.redis_client import Keys, connect_redis
+from tests.ports import free_port
 from tests.service.scheduler.helpers import Clock, RecordingBus, final_event, pool_health, task
 
 
@@ -280,10 +280,7 @@ async def test_a_budget_refusal_takes_no_token(redis: Redis, keys: Keys, clock: 
 @pytest.fixture
 async def down() -> AsyncIterator[Redis]:
     """A client, made as the services make theirs, of a redis-server that is not there."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    client = connect_redis(f"redis://127.0.0.1:{port}/0")
+    client = connect_redis(f"redis://127.0.0.1:{free_port()}/0")
     yield client
     await client.aclose()
 

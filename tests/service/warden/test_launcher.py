@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from pathlib import Path
 
 import httpx
 
+from tests.ports import free_port
 from tests.service.api.conftest import TOKENS, token_setting
 from warden import launcher
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def test_the_launcher_runs_the_api_with_uvicorn(tmp_path: Path, redis_url: str,

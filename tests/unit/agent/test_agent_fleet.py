@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -38,13 +37,8 @@ from agent.jobs.processes import PID_FILE as JOB_PID_FILE
 from agent.jobs.processes import job_dir
 from agent.ml.runtime import STATUS_FILE
 from agent.peers import PROBE_FILE, PeerProber, read_probe_addr
+from tests.ports import free_port
 from tests.waiting import DEADLINE_S, wait_until
-
-
-def closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def wait_for_log(path: Path, text: str, timeout_s: float = DEADLINE_S) -> str:
@@ -66,7 +60,7 @@ def test_node_names() -> None:
 def test_fleet_up_kill_and_down(tmp_path: Path, centre: object) -> None:
     env = {
         "PATH": os.environ.get("PATH", ""),
-        "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{closed_port()}",
+        "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}",
     }
     keys = [centre.public_key]  # type: ignore[attr-defined]
     agents = fleet_up(2, 1, "local", "fleettest", tmp_path, env, keys, 0.5)

@@ -1,0 +1,13 @@
+"""A free TCP port on the loopback: bound, read and closed, so nothing listens on it until a
+test starts something there (or relies on nothing answering)."""
+
+from __future__ import annotations
+
+import socket
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
