@@ -113,11 +113,14 @@ def test_the_agent_is_a_daemonset_for_gpu_nodes(rendered: list[dict[str, Any]]) 
     assert pod["serviceAccountName"] == f"{PREFIX}-agent"
 
 
+def test_the_charts_rules_are_those_of_rbac_yaml() -> None:
+    chart_rules = yaml.safe_load((CHART / "files" / "backend-rules.yaml").read_text())
+    assert chart_rules == rbac_yaml("ClusterRole")["rules"]
+
+
 def test_the_rbac_is_deploy_kubernetes_rbac_yaml(rendered: list[dict[str, Any]]) -> None:
     role = by_kind(rendered, "ClusterRole")[f"{PREFIX}-backend"]
     assert role["rules"] == rbac_yaml("ClusterRole")["rules"]
-    chart_rules = yaml.safe_load((CHART / "files" / "backend-rules.yaml").read_text())
-    assert chart_rules == rbac_yaml("ClusterRole")["rules"]
     binding = by_kind(rendered, "ClusterRoleBinding")[f"{PREFIX}-backend"]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
                                   "kind": "ClusterRole", "name": f"{PREFIX}-backend"}
@@ -149,7 +152,7 @@ def test_the_ranges_configmap_is_what_the_analyzer_reads(
     for variable, value in data.items():
         monkeypatch.setenv(variable, value)
     settings = AnalyzerSettings()
-    assert settings.scale.low_enter == 10 and settings.scale.high_enter == 90
+    assert (settings.scale.low_enter, settings.scale.high_enter) == (10, 90)
     assert settings.load_balance.hold_s == 30
     assert settings.ranges_for("gpu-east", "a100").pool.high_enter == 95
     readers = {name for name, d in by_kind(rendered, "Deployment").items()

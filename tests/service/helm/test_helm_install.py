@@ -6,6 +6,7 @@ the live authorizer gives the chart's backend account exactly the backend's verb
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -15,13 +16,15 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from services.backends.kubernetes.connection import KubeAccess, as_json
 from tests.helm import CHART, HELM_TIMEOUT_S, Helm, by_kind, install_values
-from tests.kube import KWOK_TOLERATION, SCOPE_LABEL, KubeScope, manifest
+from tests.kube import KWOK_TOLERATION, SCOPE_LABEL, KubeScope, manifest, settled
 
 Reader = Callable[[str, str], Awaitable[Any]]
+GPU_NODE_LABEL = "nvidia.com/gpu.present"
 
 
 def placed_on(kube: KubeScope) -> dict[str, Any]:
-    """Values that put every pod on this test's kwok nodes (kwok runs them there)."""
+    """Values that put every pod on this test's kwok nodes (kwok runs them there); the
+    agent's node selector is merged with the chart's own (the GPU node label)."""
     here = {SCOPE_LABEL: kube.prefix}
     return {"nodeSelector": here, "tolerations": [KWOK_TOLERATION],
             "agent": {"nodeSelector": here, "tolerations": [KWOK_TOLERATION],
@@ -47,12 +50,14 @@ def readers(api: client.ApiClient) -> dict[str, Reader]:
 def differences(live: Any, rendered: Any, path: str = "") -> list[str]:
     """Where the live object is not as rendered: every rendered list the same, every rendered
     field the same, beside the defaults the API server adds (an httpGet's scheme, a volume's
-    mode)."""
+    mode) and the empty strings it leaves out."""
     if isinstance(rendered, dict) and isinstance(live, dict):
         return [d for k, v in rendered.items() for d in differences(live.get(k), v, f"{path}.{k}")]
     if isinstance(rendered, list) and isinstance(live, list) and len(live) == len(rendered):
         return [d for i, (got, want) in enumerate(zip(live, rendered, strict=True))
                 for d in differences(got, want, f"{path}[{i}]")]
+    if rendered == "" and live is None:
+        return []  # the API omits an empty string (an env var set to ""), which means the same
     return [] if live == rendered else [f"{path}: live {live!r}, rendered {rendered!r}"]
 
 
@@ -67,6 +72,13 @@ async def allowed(api: client.ApiClient, user: str, verb: str, resource: str,
 async def test_helm_install_creates_every_object_as_rendered(
         kube: KubeScope, kube_api: KubeAccess, helm_binary: str, tmp_path: Path) -> None:
     nodes = [await kube.add_gpu_node(suffix) for suffix in ("a", "b")]
+    for node in nodes:
+        # The label the GPU operator gives a GPU node, which the chart's agent selects.
+        await kube.core.patch_node(node, {"metadata": {"labels": {GPU_NODE_LABEL: "true"}}})
+    # A node is tainted not-ready until kwok takes it up, and the DaemonSet counts only the
+    # nodes it may run on: installed before, --wait would accept a DaemonSet of no pods.
+    for node in nodes:
+        await settled(functools.partial(_ready, kube, node), f"{node} Ready and untainted")
     await kube.add_runtime_class(f"{kube.prefix}-nvidia", "nvidia")
     helm = Helm(helm_binary, tmp_path, kube_api.kubeconfig or "")
     values = install_values(**placed_on(kube))
@@ -85,6 +97,12 @@ async def test_helm_install_creates_every_object_as_rendered(
                                 kube.namespace, "--wait", check=False)
     role = next(iter(by_kind(rendered, "ClusterRole")))
     assert not await _exists(kube, "ClusterRole", role), "uninstall left the ClusterRole"
+
+
+async def _ready(kube: KubeScope, node: str) -> bool:
+    live = await kube.node(node)
+    conditions = {c["type"]: c["status"] for c in live.get("status", {}).get("conditions", [])}
+    return conditions.get("Ready") == "True" and not live["spec"].get("taints")
 
 
 async def _exists(kube: KubeScope, kind: str, name: str) -> bool:
