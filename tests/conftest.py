@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from uuid import uuid4
@@ -74,6 +75,19 @@ async def kube(kube_api: KubeAccess) -> AsyncIterator[KubeScope]:
             await scope.close()
         finally:
             await api.close()
+
+
+@pytest.fixture(scope="session")
+def helm_binary() -> str:
+    """The helm deploy/local/helm.sh builds and caches (`make setup` builds it; HELM names
+    another one)."""
+    if path := os.getenv("HELM"):
+        return path
+    script = Path(__file__).resolve().parents[1] / "deploy" / "local" / "helm.sh"
+    answer = subprocess.run([str(script), "path"], capture_output=True, text=True, check=False)
+    if answer.returncode != 0:
+        pytest.fail(f"no helm: {script} path failed: {answer.stderr}", pytrace=False)
+    return answer.stdout.strip()
 
 
 @pytest.fixture(scope="session")

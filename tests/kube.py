@@ -158,12 +158,22 @@ class KubeScope:
             self.cluster_objects.append(("clusterrolebinding", role["metadata"]["name"]))
         return f"system:serviceaccount:{self.namespace}:{name}"
 
+    async def add_runtime_class(self, name: str, handler: str) -> None:
+        """A RuntimeClass (cluster-wide, so named with this scope's prefix): the API server
+        refuses a pod naming one that does not exist."""
+        await client.NodeV1Api(self.api).create_runtime_class(
+            manifest({"metadata": {"name": name}, "handler": handler}))
+        self.cluster_objects.append(("runtimeclass", name))
+
     async def close(self) -> None:
         rbac = client.RbacAuthorizationV1Api(self.api)
+        deleters: dict[str, Callable[[str], Awaitable[Any]]] = {
+            "clusterrole": rbac.delete_cluster_role,
+            "clusterrolebinding": rbac.delete_cluster_role_binding,
+            "runtimeclass": client.NodeV1Api(self.api).delete_runtime_class,
+        }
         for kind, name in self.cluster_objects:
-            delete = (rbac.delete_cluster_role if kind == "clusterrole"
-                      else rbac.delete_cluster_role_binding)
-            await _ignore_missing(delete(name))
+            await _ignore_missing(deleters[kind](name))
         await _ignore_missing(self.core.delete_namespace(self.namespace))
         for node in self.nodes:
             await _ignore_missing(self.core.delete_node(node))

@@ -49,6 +49,23 @@ kill_hard() {
     while kill -0 "${pid}" 2>/dev/null; do sleep 0.1; done
 }
 
+# Builds a Go program with `go install <package>@<version>` from the module proxy into the
+# folder $1, made in a temporary folder and moved into place whole, so a build cut short
+# never leaves a binary that looks cached.
+# Usage: go_install_into <final folder> <package@version> [go install flag...]
+go_install_into() {
+    local final="$1" package="$2" tmp
+    shift 2
+    command -v go >/dev/null 2>&1 || die "go is not installed; ${package} is built with it"
+    tmp="$(mktemp -d)"
+    chmod 755 "${tmp}"
+    GOBIN="${tmp}" go install "$@" "${package}" \
+        || { rm -rf "${tmp}"; die "go install of ${package} failed"; }
+    mkdir -p "$(dirname "${final}")"
+    rm -rf "${final}"
+    mv "${tmp}" "${final}"
+}
+
 # Serialises a script's start/stop: two concurrent `start`s would both find the port free and
 # race to bind it. The lock, `$STATE_DIR/$COMPONENT.sh.lock`, is held on fd 9 until the script
 # exits (each daemon is started with fd 9 closed, or it would hold the lock while it runs).

@@ -74,15 +74,8 @@ cmd_build() {
     log "building Kubernetes ${K8S_VERSION}, etcd ${ETCD_VERSION} and kwok ${KWOK_VERSION} from the Go module proxy (once; minutes) ..."
     [[ -x "${ETCD_BIN}/etcd" ]] || build_into "${ETCD_BIN}" "${SOURCES}/etcd" .
     [[ -x "${K8S_BIN}/kube-apiserver" ]] || build_into "${K8S_BIN}" "${SOURCES}/k8s" ./cmd/...
-    if [[ ! -x "${KWOK_BIN}/kwok" ]]; then
-        local tmp
-        tmp="$(mktemp -d)"
-        chmod 755 "${tmp}"
-        GOBIN="${tmp}" go install "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}" \
-            || { rm -rf "${tmp}"; die "go install of kwok ${KWOK_VERSION} failed"; }
-        rm -rf "${KWOK_BIN}"
-        mv "${tmp}" "${KWOK_BIN}"
-    fi
+    [[ -x "${KWOK_BIN}/kwok" ]] \
+        || go_install_into "${KWOK_BIN}" "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}"
     log "built ${K8S_BIN}, ${ETCD_BIN} and ${KWOK_BIN} in $(elapsed_since "${started}") s"
 }
 

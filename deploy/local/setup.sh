@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what ClusterWarden needs on a fresh Debian machine, and nothing that is already there:
 # a Python 3.11 virtual environment with the pinned packages, Java and Maven for the Kafka
-# broker jars, the jars themselves, redis-server, PostgreSQL, Alertmanager and the Kubernetes
-# control plane. Safe to run again.
+# broker jars, the jars themselves, redis-server, PostgreSQL, Alertmanager, the Kubernetes
+# control plane and helm. Safe to run again.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -70,4 +70,7 @@ fi
 # The Kubernetes control plane the Kubernetes backend is tested against (etcd, kube-apiserver,
 # kube-controller-manager, kube-scheduler, kwok): built once from the Go module proxy, cached.
 "${ROOT}/deploy/local/kubernetes.sh" build
+# helm, for the chart (deploy/helm/clusterwarden) and its tests: built once from the Go module
+# proxy, cached.
+"${ROOT}/deploy/local/helm.sh" build
 say "ready"
