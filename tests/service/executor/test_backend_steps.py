@@ -68,6 +68,7 @@ class RecordingBackend:
         raise NotImplementedError
 
     async def remove_capacity(self, pool: str, nodes: tuple[str, ...], step: StepRef, *,
+                              count: int = 0, timeout_s: float = 60.0,
                               dry_run: bool = False) -> CapacityResult:
         raise NotImplementedError
 
