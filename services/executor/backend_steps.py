@@ -60,7 +60,12 @@ from services.backends.base import (
 from services.backends.budget import TokenBucket
 from services.executor.ports import CentreResult, Completed, Failed
 from services.shared.redis_client import Keys
-from services.shared.registry import ClusterBackend, cluster_backend
+from services.shared.registry import (
+    ClusterBackend,
+    cluster_backend,
+    deregister_nodes,
+    register_nodes,
+)
 
 log = logging.getLogger("clusterwarden.executor.backends")
 
@@ -257,11 +262,16 @@ class ClusterBackends:
         before = schedulable_gpus(await backend.inventory())
         if isinstance(action, AddCapacity):
             result = await backend.add_capacity(action.pool, action.nodes, ref, dry_run=dry_run)
+            if not dry_run and result.nodes:
+                # Enrolled as the local provider enrols its nodes: their agents' reports count.
+                await register_nodes(self.redis, self.keys, task.cluster_id, result.nodes)
         else:
             assert isinstance(action, RemoveCapacity)
             result = await backend.remove_capacity(
                 action.pool, (), ref, count=action.nodes,
                 timeout_s=step.timeout_s * DRAIN_SHARE, dry_run=dry_run)
+            if not dry_run and result.nodes:
+                await deregister_nodes(self.redis, self.keys, task.cluster_id, result.nodes)
         after = schedulable_gpus(await backend.inventory())
         return settle_capacity(result, action.action, before, after)
 
