@@ -163,7 +163,7 @@ def settle_capacity(result: CapacityResult, action: str, gpus_before: int,
     """A capacity step's result as its end: the nodes added or given back (or the node
     group's replicas), and the schedulable GPUs before and after. Nodes still draining when
     the step's time ran out fail the attempt, retried (the next one carries on with them)."""
-    done = "added" if action == "add_capacity" else "removed"
+    verb, done = ("add", "added") if action == "add_capacity" else ("remove", "removed")
     outputs: dict[str, OutputValue] = {
         "backend": "kubernetes", "outcome": result.outcome.value, done: len(result.nodes),
         f"{done}_nodes": short_text(",".join(result.nodes)),
@@ -174,7 +174,8 @@ def settle_capacity(result: CapacityResult, action: str, gpus_before: int,
     if result.detail:
         outputs["reason"] = short_text(result.detail)
     if result.outcome is Outcome.DRY_RUN:
-        outputs["dry_run"] = True
+        # Nothing changed: what the dry run tells is which nodes the step would take.
+        outputs |= {"dry_run": True, done: 0, f"would_{verb}": outputs[f"{done}_nodes"]}
     if result.held:
         return Failed(short_text(f"capacity_incomplete: {action} of pool {result.pool}: "
                                  f"{result.detail}"), permanent=False)

@@ -8,6 +8,7 @@ Which actuator a cluster uses is in its registration (`ClusterBackend.capacity`)
 from __future__ import annotations
 
 import time
+from functools import partial
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -25,8 +26,8 @@ from services.backends.kubernetes.capacity import (
     decide_release,
     decide_return,
     decide_scale,
-    decide_take,
     machines_for,
+    taking,
 )
 from services.backends.kubernetes.connection import MERGE_PATCH, call, dry_run_args
 from services.backends.kubernetes.drain import Drainer
@@ -75,8 +76,7 @@ class StandbyPool:
         mine, take = choose_standby(nodes, pool, step, count, pending)
         added, refused = list(mine), []
         for name in take:
-            result = await apply(self._api, name,
-                                 lambda view, r=ready[name]: decide_take(view, step, pool, r),
+            result = await apply(self._api, name, taking(step, pool, ready[name]),
                                  dry_run=dry_run)
             if result.outcome is Outcome.REFUSED:
                 refused.append(result.detail)  # taken or changed since the cache saw it
@@ -140,9 +140,7 @@ class MachineDeployments:
         try:
             obj = await call(f"read machinedeployment {self._namespace}/{name}",
                              lambda: self._custom.get_namespaced_custom_object(
-                                 # How long an add waits for the cache's watch to show the nodes it uncordoned.
-SEEN_TIMEOUT_S = 5.0
-CAPI_GROUP, CAPI_VERSION, self._namespace, MD_PLURAL, name))
+                                 CAPI_GROUP, CAPI_VERSION, self._namespace, MD_PLURAL, name))
         except ApiException as err:
             if err.status == 404:
                 raise BackendError(f"no MachineDeployment {self._namespace}/{name} for pool "
@@ -172,8 +170,7 @@ CAPI_GROUP, CAPI_VERSION, self._namespace, MD_PLURAL, name))
                 return CapacityResult(pool, (), _outcome(False, dry_run), detail=detail,
                                       replicas=(decision.before, decision.after))
             try:
-                await call(f"patch {what}", lambda p=decision.patch: self._patch(pool, p,
-                                                                                 dry_run))
+                await call(f"patch {what}", partial(self._patch, pool, decision.patch, dry_run))
             except ApiException as err:
                 if err.status == 409:
                     continue
@@ -185,7 +182,5 @@ CAPI_GROUP, CAPI_VERSION, self._namespace, MD_PLURAL, name))
     def _patch(self, name: str, body: dict[str, Any], dry_run: bool) -> Any:
         # As for nodes: a JSON merge patch guarded by the resourceVersion in the body.
         patch: Any = self._custom.patch_namespaced_custom_object
-        return patch(# How long an add waits for the cache's watch to show the nodes it uncordoned.
-SEEN_TIMEOUT_S = 5.0
-CAPI_GROUP, CAPI_VERSION, self._namespace, MD_PLURAL, name, body,
+        return patch(CAPI_GROUP, CAPI_VERSION, self._namespace, MD_PLURAL, name, body,
                      _content_type=MERGE_PATCH, **dry_run_args(dry_run))

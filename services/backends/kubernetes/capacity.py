@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -191,6 +191,11 @@ def decide_take(node: NodeView, step: StepRef, pool: str, ready: bool) -> Decisi
         return Decision(Outcome.REFUSED, detail=refusal)
     taken = CapacityRecord(task_id=step.task_id, step=step.step, pool=pool)
     return Decision(Outcome.APPLIED, patch=_record_patch(node, taken, None))
+
+
+def taking(step: StepRef, pool: str, ready: bool) -> Callable[[NodeView], Decision]:
+    """`decide_take` for one node, as `nodes.apply` calls a decision."""
+    return lambda node: decide_take(node, step, pool, ready)
 
 
 def decide_return(node: NodeView, step: StepRef) -> Decision:
