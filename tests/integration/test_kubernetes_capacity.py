@@ -86,7 +86,7 @@ def scale_out_tasks(watch: Tap) -> dict[UUID, list[TaskEvent]]:
     parsed = [TaskEvent.model_validate_json(r.value) for r in watch.records
               if r.topic.endswith(Topic.OPS_TASK_EVENTS.value)]
     ids = [e.task_id for e in parsed if e.task is not None and e.task.need_kind == "scale_out"
-           and e.task.target == POOL and e.task.parent_task_id is None]
+           and e.task.pool == POOL and e.task.parent_task_id is None]
     return {task_id: [e for e in parsed if e.task_id == task_id] for task_id in ids}
 
 

@@ -41,8 +41,8 @@ NodeState = Literal["added", "returning"]
 
 @dataclass(frozen=True)
 class CapacityRecord:
-    """ClusterWarden's record on a node it took from standby (or a MachineDeployment it
-    scaled): which task and step, and for a node whether it is in use or going back."""
+    """ClusterWarden's record on a node it took from standby: which task and step, for which
+    pool, and whether the node is in use or going back."""
 
     task_id: str
     step: str
