@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
-
 from uuid import UUID
 
 from agent import fleet
@@ -165,7 +164,7 @@ async def test_pending_gpu_pods_in_a_hot_pool_grow_its_machine_deployment(
         await settled(grown, "the MachineDeployment's replicas grown", timeout_s=120.0)
         # The infrastructure provider's part: the new machine's Node joins.
         machine = await kube.add_gpu_node("machine-3")
-        events, plan = await first_scale_out(watch, tmp_path, nodes)
+        events, _ = await first_scale_out(watch, tmp_path, nodes)
         added = step_outputs(events, "add_capacity")
         assert added["backend"] == "kubernetes", added
         # One 8-GPU machine covers the pending pod's 8 GPUs.

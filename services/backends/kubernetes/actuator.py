@@ -8,8 +8,8 @@ Which actuator a cluster uses is in its registration (`ClusterBackend.capacity`)
 from __future__ import annotations
 
 import time
-from functools import partial
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
 from kubernetes_asyncio import client

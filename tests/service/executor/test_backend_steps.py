@@ -194,7 +194,8 @@ async def test_capacity_steps_go_through_the_backend_and_enrol_what_it_added(
     await harness.dispatch(shrink)
     failed = harness.events(shrink)[-1]
     assert failed.step_state == "failed"
-    assert "capacity_incomplete" in failed.reason and "standby-1" in failed.reason
+    assert "capacity_incomplete" in failed.reason
+    assert "standby-1" in failed.reason
     await harness.retry_due_now(shrink)
     await harness.executor.sweep_deadlines()
     assert harness.final(shrink).state == "succeeded"

@@ -113,7 +113,8 @@ def test_taking_uncordons_and_records_the_step_and_a_resend_writes_nothing() -> 
     assert decide_take(taken, OTHER, "default", ready=True).outcome is Outcome.REFUSED
     in_use = node("b", cordoned=False).view
     refused = decide_take(in_use, STEP, "default", ready=True)
-    assert refused.outcome is Outcome.REFUSED and refused.patch is None
+    assert refused.outcome is Outcome.REFUSED
+    assert refused.patch is None
 
 
 def test_only_nodes_clusterwarden_added_are_given_back_idle_and_smallest_first() -> None:
@@ -133,14 +134,18 @@ def test_only_nodes_clusterwarden_added_are_given_back_idle_and_smallest_first()
 def test_giving_back_cordons_marks_then_releases_and_refuses_a_persons_node() -> None:
     mine = node("a", cordoned=False, record=added()).view
     cordon = decide_return(mine, STEP)
-    assert cordon.outcome is Outcome.APPLIED and cordon.patch is not None
+    assert cordon.outcome is Outcome.APPLIED
+    assert cordon.patch is not None
     assert cordon.patch["spec"] == {"unschedulable": True}
     going = record_of(cordon.patch["metadata"]["annotations"])
-    assert going is not None and going.state == "returning" and going.by(STEP)
+    assert going is not None
+    assert going.state == "returning"
+    assert going.by(STEP)
     returning = node("a", record=going).view
     assert decide_return(returning, STEP).outcome is Outcome.ALREADY
     release = decide_release(returning)
-    assert release.outcome is Outcome.APPLIED and release.patch is not None
+    assert release.outcome is Outcome.APPLIED
+    assert release.patch is not None
     assert release.patch["metadata"]["annotations"] == {CAPACITY_ANNOTATION: None}
     assert release.patch["spec"] == {"unschedulable": True}
     assert decide_release(node("a").view).outcome is Outcome.ALREADY
