@@ -49,21 +49,20 @@ def env_for(kafka_bootstrap: str, redis_url: str, namespace: str, state: Path,
                     SCHEDULER_RATE_PER_S="10")
 
 
-async def two_full_nodes_and_a_pending_pod(kube: KubeScope) -> list[str]:
+async def two_full_nodes_and_a_pending_pod(kube: KubeScope) -> tuple[list[str], str]:
     """Nodes `a` and `b` (8 GPUs each) and StatefulSet `train` of three 8-GPU pods: two run,
-    `train-2` waits for a node."""
+    one (whichever the scheduler left: the pods start in parallel) waits for a node."""
     nodes = [await kube.add_gpu_node("a"), await kube.add_gpu_node("b")]
     await kube.add_gpu_statefulset("train", 3, gpus=8)
 
-    async def two_run_one_waits() -> bool:
-        pods = {p["metadata"]["name"]: p for p in await kube.pods()}
+    async def two_run_one_waits() -> str | None:
+        pods = await kube.pods()
         running = [*await kube.running_on(nodes[0]), *await kube.running_on(nodes[1])]
-        pending = pods.get("train-2")
-        return (len(running) == 2 and pending is not None
-                and not pending["spec"].get("nodeName"))
+        waiting = [p["metadata"]["name"] for p in pods if not p["spec"].get("nodeName")]
+        return waiting[0] if len(running) == 2 and len(waiting) == 1 else None
 
-    await settled(two_run_one_waits, "train-0 and train-1 Running, train-2 pending")
-    return nodes
+    pending = await settled(two_run_one_waits, "two train pods Running, one pending")
+    return nodes, pending
 
 
 async def pod_runs_on(kube: KubeScope, pod: str, node: str) -> None:
@@ -113,11 +112,11 @@ async def test_pending_gpu_pods_in_a_hot_pool_get_a_standby_node_uncordoned(
     kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path,
     kube: KubeScope, kube_api: KubeAccess,
 ) -> None:
-    nodes = await two_full_nodes_and_a_pending_pod(kube)
+    nodes, pending = await two_full_nodes_and_a_pending_pod(kube)
     standby = await kube.add_gpu_node("standby", labels={STANDBY_LABEL: "true"},
                                       cordoned=True)
     # A standby node someone uses (not cordoned): never ClusterWarden's to take. It has no
-    # room for train-2: the pod selects the scope's nodes, this one carries another scope.
+    # room for the pending pod: the pod selects the scope's nodes, this one carries another scope.
     used = await kube.add_gpu_node("used", labels={STANDBY_LABEL: "true",
                                                    SCOPE_LABEL: f"{kube.prefix}-other"})
     env = env_for(kafka_bootstrap, redis_url, namespace, tmp_path, kube_api)
@@ -135,7 +134,7 @@ async def test_pending_gpu_pods_in_a_hot_pool_get_a_standby_node_uncordoned(
         record = record_on(node)
         assert (record["task_id"], record["step"], record["pool"], record["state"]) == (
             str(plan.task_id), "0:add-capacity", POOL, "added")
-        await pod_runs_on(kube, "train-2", standby)
+        await pod_runs_on(kube, pending, standby)
         # Enrolled, so its agent's reports count.
         redis = connect_redis(redis_url)
         try:
@@ -151,7 +150,7 @@ async def test_pending_gpu_pods_in_a_hot_pool_grow_its_machine_deployment(
     kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path,
     kube: KubeScope, kube_api: KubeAccess,
 ) -> None:
-    nodes = await two_full_nodes_and_a_pending_pod(kube)
+    nodes, pending = await two_full_nodes_and_a_pending_pod(kube)
     await kube.add_machine_deployment(POOL, replicas=2, gpus=8)
     env = env_for(kafka_bootstrap, redis_url, namespace, tmp_path, kube_api)
     async with kube_cluster(env, tmp_path, kube_api, nodes, load_pct=HOT_PCT,
@@ -173,4 +172,4 @@ async def test_pending_gpu_pods_in_a_hot_pool_grow_its_machine_deployment(
         # The record on it is a scale_out task's (this one, unless a later one scaled again).
         record = record_on(await kube.machine_deployment(POOL))
         assert UUID(record["task_id"]) in scale_out_tasks(watch), record
-        await pod_runs_on(kube, "train-2", machine)
+        await pod_runs_on(kube, pending, machine)
