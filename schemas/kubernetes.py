@@ -14,3 +14,18 @@ OFFLINE_ANNOTATION: Final = "clusterwarden.io/offline"
 
 STEP_ANNOTATION: Final = "clusterwarden.io/step"
 """On an Eviction: the task and step that asked for it."""
+
+STANDBY_LABEL: Final = "clusterwarden.io/standby"
+"""`true` on a node of the standby pool: kept cordoned until `add_capacity` takes it."""
+
+POOL_LABEL: Final = "clusterwarden.io/pool"
+"""The ClusterWarden pool a node (or a MachineDeployment) serves; a standby node without it
+serves any pool."""
+
+CAPACITY_ANNOTATION: Final = "clusterwarden.io/capacity"
+"""On a standby node ClusterWarden uncordoned, or a MachineDeployment it scaled: which task and
+step did it (and, on a node, whether it is in use or being returned to standby)."""
+
+GPU_COUNT_ANNOTATION: Final = "capacity.cluster-autoscaler.kubernetes.io/gpu-count"
+"""On a MachineDeployment: the GPUs of each of its machines (the annotation the cluster
+autoscaler's Cluster API provider reads for scale-from-zero)."""

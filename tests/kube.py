@@ -1,5 +1,6 @@
 """Test objects on the real Kubernetes API server (deploy/local/kubernetes.sh): kwok nodes with
-GPUs, GPU StatefulSets, PodDisruptionBudgets, a least-privilege service account.
+GPUs, GPU StatefulSets, PodDisruptionBudgets, a least-privilege service account, Cluster API
+MachineDeployments (their CRD installed by the test).
 
 Each test gets a `KubeScope`: a namespace of its own and a name prefix for its nodes, which
 carry the label `clusterwarden.io/test-scope=<prefix>`; its pods select that label, so the
@@ -18,6 +19,8 @@ import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from schemas.kubernetes import GPU_COUNT_ANNOTATION
+from services.backends.kubernetes.actuator import CAPI_GROUP, CAPI_VERSION, MD_PLURAL
 from services.backends.kubernetes.connection import as_json
 from tests.waiting import Patience
 
@@ -66,7 +69,8 @@ class KubeScope:
     async def open(self) -> None:
         await self.core.create_namespace(manifest({"metadata": {"name": self.namespace}}))
 
-    async def add_gpu_node(self, suffix: str) -> str:
+    async def add_gpu_node(self, suffix: str, *, labels: dict[str, str] | None = None,
+                           cordoned: bool = False) -> str:
         """A kwok node with 8 GPUs, Ready once kwok takes it up."""
         name = f"{self.prefix}-{suffix}"
         resources = {"cpu": "32", "memory": "256Gi", "pods": "110",
@@ -74,7 +78,8 @@ class KubeScope:
         await self.core.create_node(manifest({
             "metadata": {"name": name, "annotations": {"kwok.x-k8s.io/node": "fake"},
                          "labels": {SCOPE_LABEL: self.prefix, "type": "kwok",
-                                    "kubernetes.io/hostname": name}},
+                                    "kubernetes.io/hostname": name, **(labels or {})}},
+            "spec": {"unschedulable": cordoned},
             "status": {"capacity": resources, "allocatable": resources},
         }))
         self.nodes.append(name)
@@ -119,6 +124,22 @@ class KubeScope:
     async def set_pdb_min_available(self, name: str, min_available: int) -> None:
         await client.PolicyV1Api(self.api).patch_namespaced_pod_disruption_budget(
             name, self.namespace, {"spec": {"minAvailable": min_available}})
+
+    async def add_machine_deployment(self, name: str, replicas: int, gpus: int) -> None:
+        """A Cluster API MachineDeployment in this scope's namespace (its CRD installed
+        first): nothing makes machines for it, the test plays the infrastructure."""
+        await install_machine_deployment_crd(self.api)
+        await client.CustomObjectsApi(self.api).create_namespaced_custom_object(
+            CAPI_GROUP, CAPI_VERSION, self.namespace, MD_PLURAL, manifest({
+                "apiVersion": f"{CAPI_GROUP}/{CAPI_VERSION}", "kind": "MachineDeployment",
+                "metadata": {"name": name, "annotations": {GPU_COUNT_ANNOTATION: str(gpus)}},
+                "spec": {"clusterName": self.prefix, "replicas": replicas}}))
+
+    async def machine_deployment(self, name: str) -> dict[str, Any]:
+        answer: dict[str, Any] = await client.CustomObjectsApi(
+            self.api).get_namespaced_custom_object(CAPI_GROUP, CAPI_VERSION, self.namespace,
+                                                   MD_PLURAL, name)
+        return answer
 
     async def node(self, name: str) -> dict[str, Any]:
         return as_json(self.api, await self.core.read_node(name))
@@ -177,6 +198,48 @@ class KubeScope:
         await _ignore_missing(self.core.delete_namespace(self.namespace))
         for node in self.nodes:
             await _ignore_missing(self.core.delete_node(node))
+
+
+# The least of Cluster API's MachineDeployment CRD the backend needs: spec.replicas, and the
+# scale subresource autoscalers use.
+MACHINE_DEPLOYMENT_CRD_NAME = f"{MD_PLURAL}.{CAPI_GROUP}"
+MACHINE_DEPLOYMENT_CRD: dict[str, Any] = {
+    "metadata": {"name": MACHINE_DEPLOYMENT_CRD_NAME},
+    "spec": {
+        "group": CAPI_GROUP, "scope": "Namespaced",
+        "names": {"plural": MD_PLURAL, "singular": "machinedeployment",
+                  "kind": "MachineDeployment", "shortNames": ["md"]},
+        "versions": [{
+            "name": CAPI_VERSION, "served": True, "storage": True,
+            "subresources": {"status": {}, "scale": {
+                "specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas"}},
+            "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
+                         "properties": {"replicas": {"type": "integer", "minimum": 0},
+                                        "clusterName": {"type": "string"}}},
+                "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}},
+        }],
+    },
+}
+
+
+async def install_machine_deployment_crd(api: client.ApiClient) -> None:
+    """Installs the CRD once per API server (kept: other tests' objects may use it), and
+    waits until the server serves it."""
+    extensions = client.ApiextensionsV1Api(api)
+    try:
+        await extensions.create_custom_resource_definition(manifest(MACHINE_DEPLOYMENT_CRD))
+    except ApiException as err:
+        if err.status != 409:
+            raise
+
+    async def served() -> bool:
+        crd = as_json(api, await extensions.read_custom_resource_definition(
+            MACHINE_DEPLOYMENT_CRD_NAME))
+        return any(c["type"] == "Established" and c["status"] == "True"
+                   for c in (crd.get("status") or {}).get("conditions") or ())
+
+    await settled(served, "the MachineDeployment CRD established")
 
 
 async def _ignore_missing(request: Any) -> None:

@@ -75,7 +75,13 @@ class DrainResult:
 class CapacityResult:
     pool: str
     nodes: tuple[str, ...] = ()
+    """The nodes added (or given back) by the step, those of an earlier attempt included."""
     outcome: Outcome = Outcome.APPLIED
+    detail: str = ""
+    held: tuple[str, ...] = ()
+    """Nodes being given back whose drain did not finish in the step's time (retried)."""
+    replicas: tuple[int, int] | None = None
+    """A scaled node group's replicas before and after (None: nodes were taken instead)."""
 
 
 @dataclass(frozen=True)
@@ -124,10 +130,16 @@ class Backend(Protocol):
                          reason: str = "drain", dry_run: bool = False) -> DrainResult: ...
 
     async def add_capacity(self, pool: str, count: int, step: StepRef, *,
-                           dry_run: bool = False) -> CapacityResult: ...
+                           dry_run: bool = False) -> CapacityResult:
+        """Adds `count` nodes to the pool (0: enough for the queued demand, at least one)."""
+        ...
 
     async def remove_capacity(self, pool: str, nodes: tuple[str, ...], step: StepRef, *,
-                              dry_run: bool = False) -> CapacityResult: ...
+                              count: int = 0, timeout_s: float = 60.0,
+                              dry_run: bool = False) -> CapacityResult:
+        """Gives back `nodes` (none named: `count` of those ClusterWarden added, 0 letting
+        the backend choose), draining each within `timeout_s`."""
+        ...
 
     async def inventory(self) -> Inventory: ...
 

@@ -16,6 +16,9 @@ What each result means to the step (`settle_node`, `settle_drain`, pure):
 * a drain with pods still held by a PodDisruptionBudget, or without a replacement Running
   elsewhere, when its time ran out: failed, retried (the next attempt evicts only what is
   left);
+* a capacity step completes with the nodes added or given back (or a MachineDeployment's
+  replicas before and after); one whose nodes are still draining when its time ran out
+  fails, retried;
 * forbidden credentials or an operation the backend does not carry out: failed permanently;
   the API server unreachable: failed, retried after the backoff (fail closed).
 """
@@ -47,6 +50,7 @@ from services.backends.base import (
     BackendError,
     BackendForbidden,
     BackendUnsupported,
+    CapacityResult,
     DrainResult,
     Inventory,
     NodeResult,
@@ -56,7 +60,12 @@ from services.backends.base import (
 from services.backends.budget import TokenBucket
 from services.executor.ports import CentreResult, Completed, Failed
 from services.shared.redis_client import Keys
-from services.shared.registry import ClusterBackend, cluster_backend
+from services.shared.registry import (
+    ClusterBackend,
+    cluster_backend,
+    deregister_nodes,
+    register_nodes,
+)
 
 log = logging.getLogger("clusterwarden.executor.backends")
 
@@ -71,12 +80,14 @@ Opener = Callable[[ClusterBackend], Awaitable[Backend]]
 
 async def open_kubernetes(config: ClusterBackend) -> Backend:
     """The Kubernetes backend of a cluster, with its eviction budget (the caller closes it)."""
+    from services.backends.kubernetes.actuator import CapacitySource
     from services.backends.kubernetes.backend import KubernetesBackend
     from services.backends.kubernetes.connection import KubeAccess
 
     access = KubeAccess(kubeconfig=config.kubeconfig or None, context=config.context or None)
     budget = TokenBucket(config.evictions_per_s, config.eviction_burst)
-    return await KubernetesBackend.open(access, budget)
+    capacity = CapacitySource(config.capacity, config.capacity_namespace)
+    return await KubernetesBackend.open(access, budget, capacity=capacity)
 
 
 def step_ref(task: OpsTask, index: int) -> StepRef:
@@ -147,6 +158,30 @@ def settle_drain(result: DrainResult, gpus_before: int, gpus_after: int) -> Cent
                   permanent=False)
 
 
+def settle_capacity(result: CapacityResult, action: str, gpus_before: int,
+                    gpus_after: int) -> CentreResult:
+    """A capacity step's result as its end: the nodes added or given back (or the node
+    group's replicas), and the schedulable GPUs before and after. Nodes still draining when
+    the step's time ran out fail the attempt, retried (the next one carries on with them)."""
+    verb, done = ("add", "added") if action == "add_capacity" else ("remove", "removed")
+    outputs: dict[str, OutputValue] = {
+        "backend": "kubernetes", "outcome": result.outcome.value, done: len(result.nodes),
+        f"{done}_nodes": short_text(",".join(result.nodes)),
+        "gpus_schedulable_before": gpus_before, "gpus_schedulable_after": gpus_after,
+    }
+    if result.replicas is not None:
+        outputs |= {"replicas_before": result.replicas[0], "replicas_after": result.replicas[1]}
+    if result.detail:
+        outputs["reason"] = short_text(result.detail)
+    if result.outcome is Outcome.DRY_RUN:
+        # Nothing changed: what the dry run tells is which nodes the step would take.
+        outputs |= {"dry_run": True, done: 0, f"would_{verb}": outputs[f"{done}_nodes"]}
+    if result.held:
+        return Failed(short_text(f"capacity_incomplete: {action} of pool {result.pool}: "
+                                 f"{result.detail}"), permanent=False)
+    return Completed(outputs)
+
+
 class ClusterBackends:
     """Runs steps of non-local clusters through their backend; one opened backend (its
     watches, its eviction budget) per cluster, kept for the process's life."""
@@ -215,11 +250,31 @@ class ClusterBackends:
             # Moving a node's jobs out is its drain: evicted pods come back elsewhere through
             # their controllers; a drained node has nothing left to evict.
             return await self._drain(backend, task, action.node_id, index, dry_run)
-        if isinstance(action, AddCapacity):
-            await backend.add_capacity(action.pool, action.nodes or 1, ref, dry_run=dry_run)
-        elif isinstance(action, RemoveCapacity):
-            await backend.remove_capacity(action.pool, (), ref, dry_run=dry_run)
+        if isinstance(action, AddCapacity | RemoveCapacity):
+            return await self._capacity(backend, task, index, dry_run)
         return Failed(f"not_supported: {action.action} through the backend", permanent=True)
+
+    async def _capacity(self, backend: Backend, task: OpsTask, index: int,
+                        dry_run: bool) -> CentreResult:
+        """`nodes` 0 lets the backend size the change: on Kubernetes, enough for the pending
+        GPU pods (the queued demand) when adding, the idle nodes it added when removing."""
+        step = task.steps[index]
+        action, ref = step.action, step_ref(task, index)
+        before = schedulable_gpus(await backend.inventory())
+        if isinstance(action, AddCapacity):
+            result = await backend.add_capacity(action.pool, action.nodes, ref, dry_run=dry_run)
+            if not dry_run and result.nodes:
+                # Enrolled as the local provider enrols its nodes: their agents' reports count.
+                await register_nodes(self.redis, self.keys, task.cluster_id, result.nodes)
+        else:
+            assert isinstance(action, RemoveCapacity)
+            result = await backend.remove_capacity(
+                action.pool, (), ref, count=action.nodes,
+                timeout_s=step.timeout_s * DRAIN_SHARE, dry_run=dry_run)
+            if not dry_run and result.nodes:
+                await deregister_nodes(self.redis, self.keys, task.cluster_id, result.nodes)
+        after = schedulable_gpus(await backend.inventory())
+        return settle_capacity(result, action.action, before, after)
 
     async def _drain(self, backend: Backend, task: OpsTask, node: str, index: int,
                      dry_run: bool) -> CentreResult:

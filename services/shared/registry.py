@@ -41,6 +41,8 @@ async def register(redis_url: str, namespace: str, cluster: str, nodes: Iterable
 
 BackendKind = Literal["local", "kubernetes"]
 BACKEND_KINDS: tuple[BackendKind, ...] = ("local", "kubernetes")
+CapacityKind = Literal["standby", "machinedeployment"]
+CAPACITY_KINDS: tuple[CapacityKind, ...] = ("standby", "machinedeployment")
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,10 @@ class ClusterBackend:
     `local`: the signed commands to ClusterWarden's own agents (the default, and the demo's).
     `kubernetes`: the cluster's API server, reached with `kubeconfig` (empty: the in-cluster
     service account), evicting at most `evictions_per_s` pods a second (bursts of
-    `eviction_burst`): the cluster's eviction budget, explicit and per cluster.
+    `eviction_burst`): the cluster's eviction budget, explicit and per cluster. Its
+    `add_capacity`/`remove_capacity` take nodes from its standby pool (`capacity` standby), or
+    scale the pool's Cluster API MachineDeployment, named as the pool, in `capacity_namespace`
+    (`capacity` machinedeployment).
     """
 
     kind: BackendKind = "local"
@@ -58,10 +63,15 @@ class ClusterBackend:
     context: str = ""
     evictions_per_s: float = 5.0
     eviction_burst: int = 5
+    capacity: CapacityKind = "standby"
+    capacity_namespace: str = "default"
 
     def __post_init__(self) -> None:
         if self.kind not in BACKEND_KINDS:
             raise ValueError(f"unknown backend {self.kind!r}; expected one of {BACKEND_KINDS}")
+        if self.capacity not in CAPACITY_KINDS:
+            raise ValueError(f"unknown capacity {self.capacity!r}; expected one of "
+                             f"{CAPACITY_KINDS}")
         if self.evictions_per_s <= 0 or self.eviction_burst < 1:
             raise ValueError("an eviction budget needs a positive rate and a burst of at least 1")
 

@@ -26,7 +26,7 @@ from schemas.events.v1 import OpsTask, TaskEvent
 from schemas.kubernetes import OFFLINE_ANNOTATION, TAINT_KEY
 from schemas.topics import Topic
 from services.backends.kubernetes.connection import KubeAccess
-from services.shared.registry import ClusterBackend, name_backend, register
+from services.shared.registry import CapacityKind, ClusterBackend, name_backend, register
 from tests.integration.harness import (
     SMALL_POOL_SAFETY,
     Record,
@@ -42,33 +42,37 @@ from tests.kube import KubeScope, settled
 
 CLUSTER = "itest"
 # Every node's GPUs held at half load: the pool stays inside its range whatever is offline,
-# so the capacity steps' guards do not hold (capacity on Kubernetes is not carried out yet).
+# so the capacity steps' guards do not hold (capacity is tests/integration/
+# test_kubernetes_capacity.py's).
 LOAD_PCT = 50.0
 TASK_TIMEOUT_S = 180.0
 
 
 def kube_env(kafka_bootstrap: str, redis_url: str, namespace: str, state: Path,
-             kubeconfig: str, **extra: str) -> dict[str, str]:
+             kubeconfig: str, *, needs: str = '["offline", "online"]',
+             **extra: str) -> dict[str, str]:
     return stack_env(
         kafka_bootstrap, redis_url, namespace, state, WARDEN_LOG_LEVEL="INFO",
-        ANALYZER_ENABLED_NEEDS='["offline", "online"]', ANALYZER_ONLINE__HOLD_S="3",
+        ANALYZER_ENABLED_NEEDS=needs, ANALYZER_ONLINE__HOLD_S="3",
         AGENT_KUBECONFIG=kubeconfig, **SMALL_POOL_SAFETY, **extra)
 
 
 @asynccontextmanager
 async def kube_cluster(env: dict[str, str], state: Path, kube_api: KubeAccess,
-                       nodes: list[str]) -> AsyncIterator[Tap]:
+                       nodes: list[str], *, load_pct: float = LOAD_PCT,
+                       capacity: CapacityKind = "standby",
+                       capacity_namespace: str = "default") -> AsyncIterator[Tap]:
     """The services, cluster `itest` registered with the kubernetes backend, an agent per
-    kwok node reading that node's pods, and a tap on task events and node states."""
+    kwok node reading that node's pods, and a tap on task events, node states and reports."""
     assert kube_api.kubeconfig is not None
     _, public = ensure_keypair(state / "keys")
     namespace = env["WARDEN_NAMESPACE"]
     await name_backend(env["REDIS_URL"], namespace, CLUSTER, ClusterBackend(
         kind="kubernetes", kubeconfig=kube_api.kubeconfig, evictions_per_s=5.0,
-        eviction_burst=2))
+        eviction_burst=2, capacity=capacity, capacity_namespace=capacity_namespace))
     await register(env["REDIS_URL"], namespace, CLUSTER, nodes)
     for node in nodes:
-        fleet.inject_fault(state, node, load_pct=LOAD_PCT)
+        fleet.inject_fault(state, node, load_pct=load_pct)
     async with services(env, state):
         try:
             for node in nodes:

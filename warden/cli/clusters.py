@@ -10,6 +10,7 @@ import typer
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.registry import (
     BACKEND_KINDS,
+    CAPACITY_KINDS,
     ClusterBackend,
     cluster_backend,
     name_backend,
@@ -33,15 +34,22 @@ def register(
         min=0.01, help="kubernetes: the cluster's eviction budget, pods per second.")] = 5.0,
     eviction_burst: Annotated[int, typer.Option(
         min=1, help="kubernetes: evictions allowed at once before the rate applies.")] = 5,
+    capacity: Annotated[str, typer.Option(
+        help=f"kubernetes: where add_capacity takes nodes from: {' | '.join(CAPACITY_KINDS)} "
+             "(a MachineDeployment named as the pool).")] = "standby",
+    capacity_namespace: Annotated[str, typer.Option(
+        help="kubernetes: the namespace of the pools' MachineDeployments.")] = "default",
 ) -> None:
     """Register WARDEN_CLUSTER_ID with its backend, and enrol NODES."""
     settings = service_settings()
     try:
         config = ClusterBackend(kind=backend,  # type: ignore[arg-type]  # checked just below
                                 kubeconfig=kubeconfig, context=context,
-                                evictions_per_s=evictions_per_s, eviction_burst=eviction_burst)
+                                evictions_per_s=evictions_per_s, eviction_burst=eviction_burst,
+                                capacity=capacity,  # type: ignore[arg-type]  # checked too
+                                capacity_namespace=capacity_namespace)
     except ValueError as err:
-        raise typer.BadParameter(str(err), param_hint="--backend") from err
+        raise typer.BadParameter(str(err), param_hint="--backend/--capacity") from err
     asyncio.run(name_backend(settings.redis_url, settings.namespace, settings.cluster_id, config))
     names = [identifier(n) for n in nodes or []]
     if names:

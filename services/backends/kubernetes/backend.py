@@ -14,7 +14,6 @@ from kubernetes_asyncio import client
 
 from common.clock import EpochClock
 from services.backends.base import (
-    BackendUnsupported,
     CapacityResult,
     DrainResult,
     Inventory,
@@ -24,6 +23,7 @@ from services.backends.base import (
     TaintEffect,
 )
 from services.backends.budget import TokenBucket
+from services.backends.kubernetes.actuator import CapacitySource, MachineDeployments, StandbyPool
 from services.backends.kubernetes.cache import WATCH_TIMEOUT_S, ClusterCache
 from services.backends.kubernetes.connection import KubeAccess, connect
 from services.backends.kubernetes.drain import Drainer
@@ -39,18 +39,23 @@ class KubernetesBackend:
     def __init__(self, api: client.ApiClient, budget: TokenBucket, *,
                  clock: EpochClock = time.monotonic,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 watch_timeout_s: int = WATCH_TIMEOUT_S) -> None:
+                 watch_timeout_s: int = WATCH_TIMEOUT_S,
+                 capacity: CapacitySource | None = None) -> None:
         self.api = api
         self.budget = budget
         self.core = client.CoreV1Api(api)
         self.cache = ClusterCache(api, watch_timeout_s=watch_timeout_s)
         self._drainer = Drainer(api, self.cache, budget, clock=clock, sleep=sleep)
+        self.capacity = capacity or CapacitySource()
+        self._standby = StandbyPool(api, self.cache, self._drainer, clock=clock)
+        self._machines = MachineDeployments(api, self.cache, self.capacity.namespace)
 
     @classmethod
     async def open(cls, access: KubeAccess, budget: TokenBucket, *,
-                   watch_timeout_s: int = WATCH_TIMEOUT_S) -> KubernetesBackend:
+                   watch_timeout_s: int = WATCH_TIMEOUT_S,
+                   capacity: CapacitySource | None = None) -> KubernetesBackend:
         api = await connect(access)
-        backend = cls(api, budget, watch_timeout_s=watch_timeout_s)
+        backend = cls(api, budget, watch_timeout_s=watch_timeout_s, capacity=capacity)
         try:
             await backend.cache.start()
         except BaseException:
@@ -86,12 +91,22 @@ class KubernetesBackend:
 
     async def add_capacity(self, pool: str, count: int, step: StepRef, *,
                            dry_run: bool = False) -> CapacityResult:
-        raise BackendUnsupported("add_capacity on Kubernetes (standby pool, MachineDeployment) "
-                                 "is not carried out yet")
+        """Standby nodes uncordoned, or the pool's MachineDeployment scaled up (actuator.py);
+        `count` 0: enough for the pending GPU pods, at least one node."""
+        if self.capacity.kind == "machinedeployment":
+            return await self._machines.scale(pool, step, add=count, dry_run=dry_run)
+        return await self._standby.add(pool, count, step, dry_run=dry_run)
 
     async def remove_capacity(self, pool: str, nodes: tuple[str, ...], step: StepRef, *,
+                              count: int = 0, timeout_s: float = 60.0,
                               dry_run: bool = False) -> CapacityResult:
-        raise BackendUnsupported("remove_capacity on Kubernetes is not carried out yet")
+        """Nodes ClusterWarden added cordoned, drained and handed back to standby, or the
+        pool's MachineDeployment scaled down (Cluster API drains the machines it deletes)."""
+        if self.capacity.kind == "machinedeployment":
+            return await self._machines.scale(pool, step, remove=count or len(nodes) or 1,
+                                              dry_run=dry_run)
+        return await self._standby.remove(pool, nodes, count, step, timeout_s=timeout_s,
+                                          dry_run=dry_run)
 
     async def inventory(self) -> Inventory:
         return self.cache.inventory()

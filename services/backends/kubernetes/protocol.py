@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from schemas.kubernetes import OFFLINE_ANNOTATION, TAINT_KEY
@@ -35,6 +35,7 @@ class NodeView:
     taints: tuple[Mapping[str, Any], ...]
     """Each taint as the API serialises it (kept whole: a patch rewrites the list)."""
     annotations: Mapping[str, str]
+    labels: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, node: Mapping[str, Any]) -> NodeView:
@@ -43,7 +44,8 @@ class NodeView:
         return cls(name=meta["name"], resource_version=meta.get("resourceVersion", ""),
                    unschedulable=bool(spec.get("unschedulable")),
                    taints=tuple(spec.get("taints") or ()),
-                   annotations=dict(meta.get("annotations") or {}))
+                   annotations=dict(meta.get("annotations") or {}),
+                   labels=dict(meta.get("labels") or {}))
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
-from schemas.events.v1 import DrainNode, OfflineNode, OnlineNode
+from schemas.events.v1 import AddCapacity, DrainNode, OfflineNode, OnlineNode, RemoveCapacity
 from services.backends.base import (
     Backend,
     BackendError,
@@ -29,7 +29,7 @@ from services.backends.base import (
 from services.executor.backend_steps import ClusterBackends
 from services.executor.settings import ExecutorSettings
 from services.shared.redis_client import Keys
-from services.shared.registry import ClusterBackend, set_cluster_backend
+from services.shared.registry import ClusterBackend, registered_nodes, set_cluster_backend
 from tests.service.executor.test_handlers import CLUSTER, NODE, Harness, make_harness, make_task
 
 KUBE = ClusterBackend(kind="kubernetes", kubeconfig="/nowhere/kubeconfig",
@@ -42,6 +42,8 @@ class RecordingBackend:
 
     calls: list[tuple[str, str, StepRef, bool]] = field(default_factory=list)
     offline: list[NodeResult | Exception] = field(default_factory=list)
+    draining: int = 0
+    """How many remove_capacity calls answer a node still draining."""
 
     async def offline_node(self, node: str, step: StepRef, reason: str, *,
                            effect: TaintEffect = "NoSchedule",
@@ -65,11 +67,19 @@ class RecordingBackend:
 
     async def add_capacity(self, pool: str, count: int, step: StepRef, *,
                            dry_run: bool = False) -> CapacityResult:
-        raise NotImplementedError
+        self.calls.append(("add_capacity", f"{pool}:{count}", step, dry_run))
+        return CapacityResult(pool, ("standby-1",),
+                              Outcome.DRY_RUN if dry_run else Outcome.APPLIED)
 
     async def remove_capacity(self, pool: str, nodes: tuple[str, ...], step: StepRef, *,
+                              count: int = 0, timeout_s: float = 60.0,
                               dry_run: bool = False) -> CapacityResult:
-        raise NotImplementedError
+        self.calls.append(("remove_capacity", f"{pool}:{count}", step, dry_run))
+        if self.draining:
+            self.draining -= 1
+            return CapacityResult(pool, (), Outcome.APPLIED, held=("standby-1",),
+                                  detail="1 node(s) still draining: standby-1")
+        return CapacityResult(pool, ("standby-1",), Outcome.APPLIED)
 
     async def inventory(self) -> Inventory:
         return Inventory(nodes=(NodeGpus("gpu-2", 8, 8, schedulable=True, ready=True),),
@@ -161,3 +171,47 @@ async def test_a_cluster_with_no_backend_named_still_commands_its_agents(
     await harness.dispatch(task)
     assert backend.calls == []
     assert harness.last_command().action.action == "offline_node"
+
+
+async def test_capacity_steps_go_through_the_backend_and_enrol_what_it_added(
+    redis: Redis, keys: Keys, tmp_path: Path,
+) -> None:
+    backend = RecordingBackend(draining=1)
+    harness, _ = await kube_harness(redis, keys, tmp_path, backend)
+    grow = make_task(AddCapacity(pool="default"))
+    await harness.dispatch(grow)
+    assert harness.commands() == []
+    assert [(c[0], c[1], c[2].step) for c in backend.calls] == [
+        ("add_capacity", "default:0", "0:s0")]
+    added = harness.events(grow)[2].outputs
+    assert (added["added"], added["added_nodes"], added["outcome"]) == (1, "standby-1",
+                                                                       "applied")
+    assert harness.final(grow).state == "succeeded"
+    assert "standby-1" in await registered_nodes(redis, keys, CLUSTER)
+
+    # A node still draining when the step's time ran out: failed, retried; then given back.
+    shrink = make_task(RemoveCapacity(pool="default", nodes=1))
+    await harness.dispatch(shrink)
+    failed = harness.events(shrink)[-1]
+    assert failed.step_state == "failed"
+    assert "capacity_incomplete" in failed.reason
+    assert "standby-1" in failed.reason
+    await harness.retry_due_now(shrink)
+    await harness.executor.sweep_deadlines()
+    assert harness.final(shrink).state == "succeeded"
+    assert [c[1] for c in backend.calls[1:]] == ["default:1", "default:1"]
+    assert "standby-1" not in await registered_nodes(redis, keys, CLUSTER)
+
+
+async def test_a_dry_run_capacity_step_says_what_it_would_add_and_enrols_nothing(
+    redis: Redis, keys: Keys, tmp_path: Path,
+) -> None:
+    backend = RecordingBackend()
+    harness, _ = await kube_harness(redis, keys, tmp_path, backend)
+    task = make_task(AddCapacity(pool="default", nodes=2)).model_copy(update={"dry_run": True})
+    await harness.dispatch(task)
+    assert backend.calls[0][1:] == ("default:2", backend.calls[0][2], True)
+    outputs = harness.events(task)[2].outputs
+    assert (outputs["dry_run"], outputs["added"], outputs["would_add"]) == (
+        True, 0, "standby-1")
+    assert "standby-1" not in await registered_nodes(redis, keys, CLUSTER)
