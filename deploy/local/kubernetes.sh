@@ -65,15 +65,35 @@ build_into() {
     mv "${tmp}" "${final}"
 }
 
+# What Kubernetes' release build stamps in with the linker (hack/lib/version.sh): without it
+# the components report v0.0.0-master, which no chart's kubeVersion constraint admits and no
+# client's version check understands. The stamp file says a cached build has it.
+K8S_STAMP="${K8S_BIN}/VERSION"
+k8s_ldflags() {
+    local minor="${K8S_VERSION#v*.}" flags="" pkg
+    minor="${minor%%.*}"
+    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        flags+=" -X ${pkg}.gitVersion=${K8S_VERSION} -X ${pkg}.gitMajor=1"
+        flags+=" -X ${pkg}.gitMinor=${minor} -X ${pkg}.gitTreeState=clean"
+    done
+    printf '%s' "${flags# }"
+}
+
+k8s_built() {
+    [[ -x "${K8S_BIN}/kube-apiserver" && "$(cat "${K8S_STAMP}" 2>/dev/null)" == "${K8S_VERSION}" ]]
+}
+
 cmd_build() {
-    [[ -x "${K8S_BIN}/kube-apiserver" && -x "${ETCD_BIN}/etcd" && -x "${KWOK_BIN}/kwok" ]] \
-        && return 0
+    k8s_built && [[ -x "${ETCD_BIN}/etcd" && -x "${KWOK_BIN}/kwok" ]] && return 0
     command -v go >/dev/null 2>&1 || die "go is not installed; the control plane is built with it"
     local started
     started="$(now)"
     log "building Kubernetes ${K8S_VERSION}, etcd ${ETCD_VERSION} and kwok ${KWOK_VERSION} from the Go module proxy (once; minutes) ..."
     [[ -x "${ETCD_BIN}/etcd" ]] || build_into "${ETCD_BIN}" "${SOURCES}/etcd" .
-    [[ -x "${K8S_BIN}/kube-apiserver" ]] || build_into "${K8S_BIN}" "${SOURCES}/k8s" ./cmd/...
+    if ! k8s_built; then
+        build_into "${K8S_BIN}" "${SOURCES}/k8s" -ldflags "$(k8s_ldflags)" ./cmd/...
+        printf '%s\n' "${K8S_VERSION}" >"${K8S_STAMP}"
+    fi
     [[ -x "${KWOK_BIN}/kwok" ]] \
         || go_install_into "${KWOK_BIN}" "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}"
     log "built ${K8S_BIN}, ${ETCD_BIN} and ${KWOK_BIN} in $(elapsed_since "${started}") s"

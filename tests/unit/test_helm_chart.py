@@ -46,6 +46,16 @@ def test_helm_lint_passes_strict(helm: Helm) -> None:
     assert "1 chart(s) linted, 0 chart(s) failed" in answer.stdout
 
 
+def test_the_chart_refuses_a_kubernetes_older_than_1_28(helm: Helm) -> None:
+    values = helm.values_file(install_values())
+    old = helm.run("template", "cw", str(CHART), "--values", values, "--kube-version",
+                   "1.27.9", check=False)
+    assert old.returncode != 0
+    assert "kubeVersion" in old.stderr
+    assert helm.run("template", "cw", str(CHART), "--values", values, "--kube-version",
+                    "1.28.0").returncode == 0
+
+
 def test_the_chart_refuses_to_render_without_the_signing_keys(helm: Helm) -> None:
     values = install_values(signingKeys={"privateKey": "", "publicKey": ""})
     answer = helm.run("template", "cw", str(CHART), "--values", helm.values_file(values),
