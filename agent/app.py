@@ -7,6 +7,7 @@ import contextlib
 import logging
 import sqlite3
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -20,6 +21,7 @@ from agent.device import GpuProbe, NvmlProbe, open_probe
 from agent.faults import FaultPlan, read_faults, reports_paused
 from agent.host import HostSampler
 from agent.jobs.kube_pods import KubePods
+from agent.jobs.pod_resources import PodResourcesClient
 from agent.jobs.processes import JobManager, job_args, job_specs
 from agent.jobs.runner import JobRunner, JobSource
 from agent.jobs.simulated import SimulatedJobs
@@ -46,11 +48,16 @@ JOB_TICK_S = 0.5
 COMMAND_LIMIT_BYTES = 16_384
 
 
-def make_jobs(settings: AgentSettings, state_dir: Path) -> JobRunner | KubePods:
+def make_jobs(settings: AgentSettings, state_dir: Path,
+              gpu_uuids: Sequence[str] = ()) -> JobRunner | KubePods:
     """The node's jobs as the settings choose them: processes, a simulation, none, or the
-    GPU pods the Kubernetes API server bound to this node."""
+    GPU pods the Kubernetes API server bound to this node (which of the node's GPUs, by
+    `gpu_uuids`, each holds: from the kubelet's pod-resources socket where it exists)."""
     if settings.kube_pods:
-        return KubePods(settings.node_id, settings.gpus, settings.kubeconfig or None)
+        kubelet = settings.pod_resources_socket
+        return KubePods(settings.node_id, settings.gpus, settings.kubeconfig or None,
+                        pod_resources=PodResourcesClient(kubelet) if kubelet else None,
+                        gpu_uuids=gpu_uuids)
     if settings.simulated:
         return SimulatedJobs(settings.node_id, settings.gpus, now_utc(),
                              names=settings.simulated_job_names(), state_dir=state_dir)
@@ -106,7 +113,10 @@ class Agent:
         else:
             log.warning("no trusted keys: every command will be rejected (unknown_kid)")
             verifier = CommandVerifier({})
-        jobs = self._jobs = make_jobs(settings, self.state_dir)
+        # Seeded by the node's name, so a node's simulated GPUs look the same every run.
+        seed = zlib.crc32(f"{settings.cluster_id}/{settings.node_id}".encode())
+        probe = self._probe = open_probe(settings.gpus, seed=seed)
+        jobs = self._jobs = make_jobs(settings, self.state_dir, probe.uuids)
         store = CheckpointStore(settings.checkpoint_store_dir(), settings.cluster_id)
         self._executor = CommandExecutor(
             settings.node_id,
@@ -126,9 +136,6 @@ class Agent:
             publish=self._publish_later,
             set_peers=self._peers.assign,
         )
-        # Seeded by the node's name, so a node's simulated GPUs look the same every run.
-        seed = zlib.crc32(f"{settings.cluster_id}/{settings.node_id}".encode())
-        probe = self._probe = open_probe(settings.gpus, seed=seed)
         self._reporter = Reporter(
             node_id=settings.node_id,
             cluster_id=settings.cluster_id,

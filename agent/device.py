@@ -26,6 +26,11 @@ class GpuProbe(Protocol):
     @property
     def source(self) -> GpuSource: ...
 
+    @property
+    def uuids(self) -> Sequence[str]:
+        """Each GPU's UUID by index, as NVML reports it (what device plugins name GPUs by)."""
+        ...
+
     def read(
         self, jobs: Sequence[JobInfo], now: datetime, load_pct: float | None = None
     ) -> list[GpuMetrics]: ...
@@ -253,6 +258,11 @@ def job_load(jobs: Sequence[JobInfo], index: int) -> tuple[float, float]:
     return min(utilization, 100.0), min(memory_share, 0.95)
 
 
+def simulated_uuid(seed: int, index: int) -> str:
+    """The UUID of simulated GPU `index` of the device seeded `seed`."""
+    return f"GPU-SIMULATED-{seed:08x}-{index:04d}"
+
+
 class SimulatedProbe:
     """A deterministic stand-in device whose load comes from the jobs the agent runs."""
 
@@ -265,6 +275,10 @@ class SimulatedProbe:
     @property
     def source(self) -> Literal["simulated"]:
         return "simulated"
+
+    @property
+    def uuids(self) -> list[str]:
+        return [simulated_uuid(self.seed, index) for index in range(self.gpus)]
 
     def _jitter(self, value: float, low: float, high: float, scale: float = 1.0) -> float:
         return min(high, max(low, value + self._rng.gauss(0.0, self.noise * scale)))
@@ -293,7 +307,7 @@ class SimulatedProbe:
             gpus.append(
                 GpuMetrics(
                     index=index,
-                    uuid=f"GPU-SIMULATED-{self.seed:08x}-{index:04d}",
+                    uuid=simulated_uuid(self.seed, index),
                     name="SIMULATED GPU (80 GiB)",
                     utilization_pct=round(util, 2),
                     memory_used_mib=memory_used,

@@ -58,6 +58,12 @@ class AgentSettings(ServiceSettings):
         description="With AGENT_JOBS=kube: the kubeconfig to read pods with; empty: the "
         "in-cluster service account.",
     )
+    pod_resources_socket: str = Field(
+        default="/var/lib/kubelet/pod-resources/kubelet.sock",
+        description="With AGENT_JOBS=kube: the kubelet's pod-resources socket, asked which "
+        "GPUs each pod holds; where it does not exist (or empty) each pod is given the next "
+        "free GPU indices in name order, and its job says gpu_mapping in_name_order.",
+    )
     # One directory every node of the fleet reads and writes: migrate_job exports a job's
     # checkpoint there, start_job on the next node resumes from it.
     checkpoint_store: Path | None = Field(

@@ -70,9 +70,11 @@ class KubeScope:
         await self.core.create_namespace(manifest({"metadata": {"name": self.namespace}}))
 
     async def add_gpu_node(self, suffix: str, *, labels: dict[str, str] | None = None,
-                           cordoned: bool = False) -> str:
-        """A kwok node with 8 GPUs, Ready once kwok takes it up."""
-        name = f"{self.prefix}-{suffix}"
+                           cordoned: bool = False, name: str | None = None) -> str:
+        """A kwok node with 8 GPUs, Ready once kwok takes it up, named `<prefix>-<suffix>`
+        (or `name`, for a test that needs a node's exact name: it is still this scope's, by
+        its label, and deleted with it)."""
+        name = name or f"{self.prefix}-{suffix}"
         resources = {"cpu": "32", "memory": "256Gi", "pods": "110",
                      "nvidia.com/gpu": GPUS_PER_NODE}
         await self.core.create_node(manifest({

@@ -7,9 +7,12 @@ reported as one job (`pod_jobs`, pure). The agent never starts, stops or moves s
 ClusterWarden moves pods through the cluster's Kubernetes backend (evictions), so the agent
 answers job actions `not_supported`.
 
-GPU indices: the API says how many GPUs a pod holds, not which. Here each pod is given the
-next free indices in name order, so the report's per-GPU view adds up; a DaemonSet on a real
-node reads the true mapping from the kubelet's pod-resources socket (docs/kubernetes.md).
+GPU indices: the API says how many GPUs a pod holds, not which. Where the kubelet's
+pod-resources socket is mounted (the DaemonSet, AGENT_POD_RESOURCES_SOCKET), the agent asks the
+kubelet which GPUs each pod holds (agent/jobs/pod_resources.py) and maps their UUIDs to its
+NVML indices; each job says so (`gpu_mapping: pod_resources`). Without the socket (kwok nodes
+in the tests, an agent outside the node) each pod is given the next free indices in name
+order, so the report's per-GPU view adds up, and each job says `gpu_mapping: in_name_order`.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -25,6 +28,7 @@ from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from agent.faults import FaultPlan
+from agent.jobs.pod_resources import PodResourcesClient, pod_gpu_indices
 from agent.jobs.runner import JobState
 from schemas.events.v1 import JobInfo, NodeMode
 from schemas.kubernetes import GPU_RESOURCE, OFFLINE_ANNOTATION
@@ -33,6 +37,8 @@ log = logging.getLogger("clusterwarden.agent.kube")
 
 # A watch the server ends is resumed at once; one that fails waits this long first.
 RETRY_S = 1.0
+# The kubelet's List has no watch: it is asked again this often.
+POD_RESOURCES_EVERY_S = 2.0
 WATCH_TIMEOUT_S = 60
 _STATES: dict[str, JobState] = {"Pending": "starting", "Running": "running", "Succeeded": "stopped",
            "Failed": "failed"}
@@ -58,8 +64,11 @@ def job_id_of(pod: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace', 'default')}.{meta.get('name', '')}"[:128]
 
 
-def pod_jobs(pods: Iterable[Mapping[str, Any]], gpus: int) -> list[JobInfo]:
-    """The node's GPU pods as the report's jobs, in name order."""
+def pod_jobs(pods: Iterable[Mapping[str, Any]], gpus: int,
+             held: Mapping[str, Sequence[int]] | None = None) -> list[JobInfo]:
+    """The node's GPU pods as the report's jobs, in name order. `held`: the GPU indices each
+    pod holds as the kubelet says (by job id; a pod it does not list holds none yet), or
+    None without the kubelet: then each pod gets the next free indices."""
     jobs: list[JobInfo] = []
     next_gpu = 0
     for pod in sorted((p for p in pods if pod_gpus(p) > 0), key=job_id_of):
@@ -67,11 +76,15 @@ def pod_jobs(pods: Iterable[Mapping[str, Any]], gpus: int) -> list[JobInfo]:
         state: JobState = _STATES.get(phase, "starting")
         if (pod.get("metadata") or {}).get("deletionTimestamp"):
             state = "stopped"  # evicted: going away
-        count = pod_gpus(pod)
-        indices = [i for i in range(next_gpu, next_gpu + count) if i < min(gpus, 64)]
-        next_gpu += count
-        jobs.append(JobInfo(job_id=job_id_of(pod), kind="training", state=state,
-                            gpu_indices=indices))
+        job_id = job_id_of(pod)
+        if held is not None:
+            indices = [i for i in held.get(job_id, ()) if i < min(gpus, 64)]
+        else:
+            count = pod_gpus(pod)
+            indices = [i for i in range(next_gpu, next_gpu + count) if i < min(gpus, 64)]
+            next_gpu += count
+        jobs.append(JobInfo(job_id=job_id, kind="training", state=state, gpu_indices=indices,
+                            gpu_mapping="in_name_order" if held is None else "pod_resources"))
     return jobs
 
 
@@ -86,12 +99,19 @@ def node_mode(node: Mapping[str, Any] | None, journaled: NodeMode) -> NodeMode:
 class KubePods:
     """The job source of an agent on a Kubernetes node: its GPU pods, kept by list + watch."""
 
-    def __init__(self, node_id: str, gpus: int, kubeconfig: str | None) -> None:
+    def __init__(self, node_id: str, gpus: int, kubeconfig: str | None, *,
+                 pod_resources: PodResourcesClient | None = None,
+                 gpu_uuids: Sequence[str] = ()) -> None:
         self.node_id = node_id
         self.gpus = gpus
         self.kubeconfig = kubeconfig
         self.pods: dict[str, dict[str, Any]] = {}
         self.node: dict[str, Any] | None = None
+        self.pod_resources = pod_resources
+        self.gpu_uuids = tuple(gpu_uuids)
+        # The GPU indices each pod holds, as the kubelet last said; None: no kubelet answer
+        # (no socket), the pods get indices in name order.
+        self.held: dict[str, list[int]] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -101,12 +121,14 @@ class KubePods:
             self._loop = asyncio.get_running_loop()
             self._tasks = [self._loop.create_task(self._follow(kind), name=f"{kind}-{self.node_id}")
                            for kind in ("pods", "node")]
+            self._tasks.append(self._loop.create_task(self._follow_kubelet(),
+                                                      name=f"pod-resources-{self.node_id}"))
 
     def reconcile(self, mode: NodeMode, plan: FaultPlan) -> None:
         """Nothing to do: the pods follow the node's cordon and taints, not the agent."""
 
     def snapshot(self, now: datetime) -> list[JobInfo]:
-        return pod_jobs(self.pods.values(), self.gpus)
+        return pod_jobs(self.pods.values(), self.gpus, self.held)
 
     def mode(self, journaled: NodeMode) -> NodeMode:
         return node_mode(self.node, journaled)
@@ -117,6 +139,33 @@ class KubePods:
             for task in self._tasks:
                 self._loop.call_soon_threadsafe(task.cancel)
         self._tasks = []
+
+    async def _follow_kubelet(self) -> None:
+        """Asks the kubelet which GPUs each pod holds, every POD_RESOURCES_EVERY_S. Without the
+        socket the pods get indices in name order (said once in the log, and on every job)."""
+        socket = self.pod_resources.socket if self.pod_resources else ""
+        said: bool | None = None
+        while True:
+            source = self.pod_resources
+            found = source is not None and source.available()
+            if found != said:
+                said = found
+                if found:
+                    log.info("GPUs of %s's pods: from the kubelet's pod-resources API at %s",
+                             self.node_id, socket)
+                else:
+                    self.held = None
+                    log.warning("GPUs of %s's pods: no pod-resources socket%s; each pod is "
+                                "given the next free GPU indices in name order, not the GPUs "
+                                "it holds", self.node_id, f" at {socket}" if socket else "")
+            if found and source is not None:
+                try:
+                    self.held = pod_gpu_indices(await source.list_gpus(), self.gpu_uuids)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as err:  # the kubelet restarting: keep its last answer
+                    log.warning("pod-resources List on %s failed: %s", socket, err)
+            await asyncio.sleep(POD_RESOURCES_EVERY_S)
 
     async def _connect(self) -> client.ApiClient:
         configuration = client.Configuration()

@@ -57,6 +57,29 @@ def kube_env(kafka_bootstrap: str, redis_url: str, namespace: str, state: Path,
         AGENT_KUBECONFIG=kubeconfig, **SMALL_POOL_SAFETY, **extra)
 
 
+async def register_kube_cluster(env: dict[str, str], kube_api: KubeAccess, nodes: list[str], *,
+                                cluster: str = CLUSTER, capacity: CapacityKind = "standby",
+                                capacity_namespace: str = "default") -> None:
+    """`cluster` registered with the kubernetes backend (the admin kubeconfig), its nodes
+    enrolled."""
+    assert kube_api.kubeconfig is not None
+    await name_backend(env["REDIS_URL"], env["WARDEN_NAMESPACE"], cluster, ClusterBackend(
+        kind="kubernetes", kubeconfig=kube_api.kubeconfig, evictions_per_s=5.0,
+        eviction_burst=2, capacity=capacity, capacity_namespace=capacity_namespace))
+    await register(env["REDIS_URL"], env["WARDEN_NAMESPACE"], cluster, nodes)
+
+
+def start_kube_agents(env: dict[str, str], state: Path, nodes: list[str], public: Path, *,
+                      cluster: str = CLUSTER, load_pct: float = LOAD_PCT) -> None:
+    """An agent process per kwok node (its fleet in `state`) whose jobs are the pods the API
+    server bound to its node, its GPUs held at `load_pct`."""
+    for node in nodes:
+        fleet.inject_fault(state, node, load_pct=load_pct)
+        fleet.start_agent(node, gpus=8, cluster_id=cluster, namespace=env["WARDEN_NAMESPACE"],
+                          state_dir=state, env=env, trusted_keys=[public], interval_s=1.0,
+                          jobs="kube")
+
+
 @asynccontextmanager
 async def kube_cluster(env: dict[str, str], state: Path, kube_api: KubeAccess,
                        nodes: list[str], *, load_pct: float = LOAD_PCT,
@@ -64,21 +87,13 @@ async def kube_cluster(env: dict[str, str], state: Path, kube_api: KubeAccess,
                        capacity_namespace: str = "default") -> AsyncIterator[Tap]:
     """The services, cluster `itest` registered with the kubernetes backend, an agent per
     kwok node reading that node's pods, and a tap on task events, node states and reports."""
-    assert kube_api.kubeconfig is not None
     _, public = ensure_keypair(state / "keys")
     namespace = env["WARDEN_NAMESPACE"]
-    await name_backend(env["REDIS_URL"], namespace, CLUSTER, ClusterBackend(
-        kind="kubernetes", kubeconfig=kube_api.kubeconfig, evictions_per_s=5.0,
-        eviction_burst=2, capacity=capacity, capacity_namespace=capacity_namespace))
-    await register(env["REDIS_URL"], namespace, CLUSTER, nodes)
-    for node in nodes:
-        fleet.inject_fault(state, node, load_pct=load_pct)
+    await register_kube_cluster(env, kube_api, nodes, capacity=capacity,
+                                capacity_namespace=capacity_namespace)
     async with services(env, state):
         try:
-            for node in nodes:
-                fleet.start_agent(node, gpus=8, cluster_id=CLUSTER, namespace=namespace,
-                                  state_dir=state, env=env, trusted_keys=[public],
-                                  interval_s=1.0, jobs="kube")
+            start_kube_agents(env, state, nodes, public, load_pct=load_pct)
             async with tap(env["KAFKA_BOOTSTRAP_SERVERS"],
                            name(Topic.OPS_TASK_EVENTS, namespace),
                            name(Topic.OPS_NODE_STATE, namespace)) as watch:
@@ -159,11 +174,16 @@ async def claimed(kube: KubeScope, node: str) -> None:
     await settled(check, f"{node} cordoned and claimed by ClusterWarden", timeout_s=90.0)
 
 
-async def a_bad_node_and_two_good(kube: KubeScope, *,
-                                  min_available: int) -> tuple[str, list[str]]:
+async def a_bad_node_and_two_good(
+        kube: KubeScope, *, min_available: int,
+        names: tuple[str, str, str] | None = None) -> tuple[str, list[str]]:
     """Node `bad` with StatefulSet `train` (2 pods, 2 GPUs each) Running on it and a PDB of
-    `min_available` over it, then two healthy nodes beside it."""
-    bad = await kube.add_gpu_node("bad")
+    `min_available` over it, then two healthy nodes beside it. `names`: the three nodes'
+    whole names (bad first) instead of the scope's prefixed ones."""
+    async def node(suffix: str, index: int) -> str:
+        return await kube.add_gpu_node(suffix, name=None if names is None else names[index])
+
+    bad = await node("bad", 0)
     await kube.add_gpu_statefulset("train", 2, gpus=2)
 
     async def both() -> bool:
@@ -171,7 +191,20 @@ async def a_bad_node_and_two_good(kube: KubeScope, *,
 
     await settled(both, f"both train pods Running on {bad}")
     await kube.add_pdb("train", "train", min_available)
-    return bad, [await kube.add_gpu_node("good-1"), await kube.add_gpu_node("good-2")]
+    return bad, [await node("good-1", 1), await node("good-2", 2)]
+
+
+async def check_offline_and_drained(kube: KubeScope, bad: str, good: list[str],
+                                    task_id: str) -> None:
+    """`bad` cordoned, tainted NoSchedule and claimed by task `task_id`; both train pods
+    moved off it, onto the `good` nodes."""
+    node = await kube.node(bad)
+    assert node["spec"]["unschedulable"] is True
+    assert [t["effect"] for t in our_taints(node)] == ["NoSchedule"]
+    assert task_id in str(claim_of(node))
+    assert await kube.running_on(bad) == []
+    placed = [*await kube.running_on(good[0]), *await kube.running_on(good[1])]
+    assert sorted(placed) == ["train-0", "train-1"]
 
 
 async def left_alone(kube: KubeScope, node: str, *, cordoned: bool) -> None:
@@ -211,13 +244,7 @@ async def test_a_fatal_xid_drains_and_offlines_the_node_and_its_repair_brings_it
         assert set(str(drained["replacements_on"]).split(",")) <= set(good), drained
         assert step_outputs(offline, "offline_node")["backend"] == "kubernetes"
 
-        node = await kube.node(bad)
-        assert node["spec"]["unschedulable"] is True
-        assert [t["effect"] for t in our_taints(node)] == ["NoSchedule"]
-        assert str(plan.task_id) in str(claim_of(node))
-        assert await kube.running_on(bad) == []
-        placed = [*await kube.running_on(good[0]), *await kube.running_on(good[1])]
-        assert sorted(placed) == ["train-0", "train-1"]
+        await check_offline_and_drained(kube, bad, good, str(plan.task_id))
         for move in str(drained["moves"]).split(","):
             pod, _, to_node = move.partition("->")
             assert pod.split("/")[1] in await kube.running_on(to_node), drained

@@ -114,6 +114,9 @@ def test_the_agent_is_a_daemonset_for_gpu_nodes(rendered: list[dict[str, Any]]) 
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["pod-resources"]["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
     env = env_of(agent)
+    # The agent asks the kubelet at the socket of that mount which GPUs each pod holds.
+    mounts = {m["name"]: m["mountPath"] for m in container(agent)["volumeMounts"]}
+    assert env["AGENT_POD_RESOURCES_SOCKET"] == f"{mounts['pod-resources']}/kubelet.sock"
     assert env["AGENT_JOBS"] == "kube"
     assert env["AGENT_NODE_ID"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env["AGENT_TRUSTED_KEYS"] == "/etc/clusterwarden/keys/command-signing.pub"

@@ -99,6 +99,11 @@ class JobInfo(Strict):
         default=False, description="The job holds the whole node: moving it moves the hot spot.")
     do_not_disrupt: bool = Field(
         default=False, description="Its owner asked that it never be moved or stopped.")
+    gpu_mapping: Literal["pod_resources", "in_name_order"] | None = Field(
+        default=None, description="A Kubernetes pod's job: where its gpu_indices come from, "
+        "the kubelet's pod-resources API (the GPUs it holds) or, without that socket, the "
+        "next free indices in name order (the API server says how many, not which). None "
+        "for a job the agent runs itself.")
 
     @property
     def movable(self) -> bool:
