@@ -12,7 +12,14 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
-from schemas.events.v1 import AddCapacity, DrainNode, OfflineNode, OnlineNode, RemoveCapacity
+from schemas.events.v1 import (
+    AddCapacity,
+    DrainNode,
+    OfflineNode,
+    OnlineNode,
+    RemoveCapacity,
+    TaintEffect,
+)
 from services.backends.base import (
     Backend,
     BackendError,
@@ -24,7 +31,6 @@ from services.backends.base import (
     Outcome,
     PodMove,
     StepRef,
-    TaintEffect,
 )
 from services.executor.backend_steps import ClusterBackends
 from services.executor.settings import ExecutorSettings
