@@ -94,6 +94,9 @@ class Workloads:
                 async for event in stream.stream(core.list_namespaced_pod, self.kube.namespace,
                                                  resource_version=version,
                                                  timeout_seconds=120):
+                    if event["type"] == "ERROR":  # e.g. 410 Gone: list again
+                        version = ""
+                        break
                     pod = event["raw_object"]
                     version = pod["metadata"].get("resourceVersion", version)
                     await self._on(event["type"], pod)
