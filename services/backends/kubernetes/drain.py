@@ -171,11 +171,16 @@ class Drainer:
                 if err.status != 409:
                     raise BackendError(f"ask pod {ref.key} to checkpoint: {err.status} "
                                        f"{err.reason}") from err
-            pod = as_json(self._api, await call(
-                f"read pod {ref.key}",
-                lambda: self._core.read_namespaced_pod(ref.name, ref.namespace)))
+            try:
+                pod = as_json(self._api, await call(
+                    f"read pod {ref.key}",
+                    lambda: self._core.read_namespaced_pod(ref.name, ref.namespace)))
+            except ApiException as err:
+                if err.status == 404:
+                    return None
+                raise BackendError(f"read pod {ref.key}: {err.status} {err.reason}") from err
             if (pod.get("metadata") or {}).get("uid") != ref.uid:
-                return None
+                return None  # gone, and its controller made another of the same name
         raise BackendError(f"pod {ref.key} kept changing under {CONFLICT_TRIES} attempts "
                            "to ask it to checkpoint")
 
