@@ -60,9 +60,9 @@ def templates(directory: Path) -> Path:
     online = 'action: online_node\n    args: {node_id: "{target}"}'
     return edited_templates(
         directory, "offline.yaml", drain, drain.replace("60", str(DRAIN_TIMEOUT_S)),
-        ("offline.yaml", offline, offline.replace("}", ", effect: NoExecute}", 1)),
+        ("offline.yaml", offline, offline.replace('"}', '", effect: NoExecute}')),
         ("online.yaml", online, online.replace(
-            "}", f", health_check: {{conditions_clear: true, hold_s: {HOLD_S}}}}}", 1)))
+            '"}', f'", health_check: {{conditions_clear: true, hold_s: {HOLD_S}}}}}')))
 
 
 @dataclass
