@@ -29,3 +29,18 @@ step did it (and, on a node, whether it is in use or being returned to standby).
 GPU_COUNT_ANNOTATION: Final = "capacity.cluster-autoscaler.kubernetes.io/gpu-count"
 """On a MachineDeployment: the GPUs of each of its machines (the annotation the cluster
 autoscaler's Cluster API provider reads for scale-from-zero)."""
+
+CHECKPOINT_TIMEOUT_ANNOTATION: Final = "clusterwarden.io/checkpoint-timeout-s"
+"""On a pod (its template): the workload speaks the checkpoint protocol, and a drain waits this
+many seconds for its acknowledgement before evicting it. A pod without it is not asked."""
+
+CHECKPOINT_REQUEST_ANNOTATION: Final = "clusterwarden.io/checkpoint-request"
+"""Written by a drain on a pod before evicting it: `{"id", "task_id", "step", "requested_at"}`
+(the id is `<task id>/<step>`, so a resend finds its own request)."""
+
+CHECKPOINT_ANNOTATION: Final = "clusterwarden.io/checkpoint"
+"""Written by the workload to acknowledge: `{"request": <the request's id>, "step": <training
+step saved>, "path": <where, optional>}`."""
+
+RESUMED_FROM_ANNOTATION: Final = "clusterwarden.io/resumed-from"
+"""Written by the workload on the replacement pod: the training step it resumed from."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -88,9 +89,11 @@ class KubeScope:
         return name
 
     async def add_gpu_statefulset(self, name: str, replicas: int, *, gpus: int = 1,
-                                  node: str | None = None) -> None:
+                                  node: str | None = None,
+                                  annotations: dict[str, str] | None = None) -> None:
         """Pods asking `gpus` GPUs each, on this scope's nodes (on `node` alone if named,
-        through node affinity the scheduler honours only at placement)."""
+        through node affinity the scheduler honours only at placement), with the pod
+        template's `annotations`."""
         affinity = None
         if node is not None:
             affinity = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
@@ -103,7 +106,7 @@ class KubeScope:
                 "podManagementPolicy": "Parallel",
                 "selector": {"matchLabels": {"app": name}},
                 "template": {
-                    "metadata": {"labels": {"app": name}},
+                    "metadata": {"labels": {"app": name}, "annotations": annotations or {}},
                     "spec": {
                         "nodeSelector": {SCOPE_LABEL: self.prefix},
                         "tolerations": [KWOK_TOLERATION],
@@ -142,6 +145,14 @@ class KubeScope:
             self.api).get_namespaced_custom_object(CAPI_GROUP, CAPI_VERSION, self.namespace,
                                                    MD_PLURAL, name)
         return answer
+
+    async def set_node_condition(self, node: str, kind: str, status: str) -> None:
+        """Sets one condition of the node's status, as node-problem-detector does (the
+        others are kept: conditions merge by type)."""
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        await self.core.patch_node_status(node, {"status": {"conditions": [{
+            "type": kind, "status": status, "reason": f"Test{kind}", "message": "set by a test",
+            "lastHeartbeatTime": now, "lastTransitionTime": now}]}})
 
     async def node(self, name: str) -> dict[str, Any]:
         return as_json(self.api, await self.core.read_node(name))

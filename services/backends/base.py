@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Literal, Protocol
+from typing import Protocol
 
-TaintEffect = Literal["NoSchedule", "NoExecute"]
+from schemas.events.v1 import TaintEffect
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,17 @@ class NodeResult:
     detail: str = ""
 
 
+class Checkpoint(StrEnum):
+    """What became of a pod's checkpoint before its eviction."""
+
+    NOT_ASKED = "not_asked"
+    """The workload does not speak the protocol: SIGTERM and its termination grace period."""
+    ACKED = "acked"
+    """The workload saved a checkpoint and said which step."""
+    TIMED_OUT = "timed_out"
+    """Asked, no answer within its timeout: evicted anyway."""
+
+
 @dataclass(frozen=True)
 class PodMove:
     """One pod evicted from a node, and where its controller's replacement runs."""
@@ -52,6 +63,11 @@ class PodMove:
     to_node: str | None = None
     pdb_waits: int = 0
     """How many times a PodDisruptionBudget answered "not now" before the eviction went."""
+    checkpoint: Checkpoint = Checkpoint.NOT_ASKED
+    checkpoint_step: int | None = None
+    """The training step the workload saved before the eviction (when it acknowledged)."""
+    resumed_from: int | None = None
+    """The step the replacement says it resumed from (when it says)."""
 
 
 @dataclass(frozen=True)

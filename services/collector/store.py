@@ -25,7 +25,8 @@ from services.shared.redis_client import Keys, members, text
 #    from the old state to the new, the pool's member index (pool-nodes: up node -> its
 #    utilisation) kept so that a node is a member exactly while its state is up (and the
 #    index of its up nodes with work that could move, pool-movable, likewise), and the
-#    node's per-minute utilisation history extended when a minute ends.
+#    node's per-minute utilisation history extended when a minute ends; a report carrying a
+#    fault also sets `fault_at` (its time), from which an online step's health check holds.
 # KEYS[1] is the cluster set; then two keys per report (node hash, heartbeat schedule).
 # ARGV[1] is the key prefix (aggregate, registry, pool-nodes and history keys are derived from
 # it, which needs a single Redis or hash-tagged keys), ARGV[2] '1' if registration is
@@ -104,6 +105,9 @@ for i = 0, n - 1 do
       'minute', minute, 'minute_sum', msum, 'minute_n', mn,
       'mode', ARGV[a + 12], 'gpus', ARGV[a + 13], 'jobs', ARGV[a + 14],
       'job_count', ARGV[a + 15], 'disk_pct', ARGV[a + 17])
+    if tonumber(ARGV[a + 7]) > 0 then
+      redis.call('HSET', node, 'fault_at', ARGV[a + 2])
+    end
     redis.call('ZADD', due, ARGV[a + 11], node_id)
     redis.call('ZADD', P .. 'probe-due:' .. cluster, 'NX', tonumber(ARGV[a + 2]) + probe_period,
       node_id)

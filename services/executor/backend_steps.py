@@ -27,15 +27,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from uuid import UUID
 
 from redis.asyncio import Redis
 
+from common.clock import EpochClock
 from schemas.envelope import short_text
 from schemas.events.v1 import (
     AddCapacity,
     DrainNode,
+    HealthCheck,
     MigrateJobs,
     OfflineNode,
     OnlineNode,
@@ -51,6 +54,7 @@ from services.backends.base import (
     BackendForbidden,
     BackendUnsupported,
     CapacityResult,
+    Checkpoint,
     DrainResult,
     Inventory,
     NodeResult,
@@ -58,6 +62,8 @@ from services.backends.base import (
     StepRef,
 )
 from services.backends.budget import TokenBucket
+from services.executor.cluster_view import ClusterView
+from services.executor.health import RECHECK_S, judge
 from services.executor.ports import CentreResult, Completed, Failed
 from services.shared.redis_client import Keys
 from services.shared.registry import (
@@ -126,6 +132,30 @@ def moves_text(result: DrainResult) -> str:
     return ",".join(f"{m.namespace}/{m.pod}->{m.to_node or '?'}" for m in result.moved)
 
 
+def checkpoints_text(result: DrainResult) -> str:
+    """Each asked pod's checkpoint: `ns/pod@<step saved>` or `ns/pod@timed_out`, and
+    `>resumed@<step>` when its replacement said where it resumed."""
+    parts = []
+    for m in result.moved:
+        if m.checkpoint is Checkpoint.NOT_ASKED:
+            continue
+        saved = m.checkpoint_step if m.checkpoint_step is not None else m.checkpoint.value
+        resumed = f">resumed@{m.resumed_from}" if m.resumed_from is not None else ""
+        parts.append(f"{m.namespace}/{m.pod}@{saved}{resumed}")
+    return ",".join(parts)
+
+
+def checkpoint_outputs(result: DrainResult) -> dict[str, OutputValue]:
+    """What the task record shows of the checkpoints: how many acknowledged and timed out,
+    and from which step each pod's workload goes on."""
+    acked = [m for m in result.moved if m.checkpoint is Checkpoint.ACKED]
+    timed_out = [m for m in result.moved if m.checkpoint is Checkpoint.TIMED_OUT]
+    if not acked and not timed_out:
+        return {}
+    return {"checkpoints_acked": len(acked), "checkpoints_timed_out": len(timed_out),
+            "checkpoints": short_text(checkpoints_text(result))}
+
+
 def settle_drain(result: DrainResult, gpus_before: int, gpus_after: int) -> CentreResult:
     """A drain's result as the step's end; the outputs keep the schedulable GPUs before and
     after, and where each replacement runs."""
@@ -139,6 +169,7 @@ def settle_drain(result: DrainResult, gpus_before: int, gpus_after: int) -> Cent
         "replacements_on": short_text(",".join(sorted({m.to_node for m in result.moved
                                                        if m.to_node}))),
         "gpus_schedulable_before": gpus_before, "gpus_schedulable_after": gpus_after,
+        **checkpoint_outputs(result),
     }
     if result.dry_run:
         # Nothing was evicted, so no replacement can run: what the dry run tells is which
@@ -187,9 +218,13 @@ class ClusterBackends:
     watches, its eviction budget) per cluster, kept for the process's life."""
 
     def __init__(self, redis: Redis, keys: Keys, *,
-                 openers: dict[str, Opener] | None = None) -> None:
+                 openers: dict[str, Opener] | None = None, clock: EpochClock = time.time,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.redis = redis
         self.keys = keys
+        self.view = ClusterView(redis, keys)
+        self.clock = clock
+        self.sleep = sleep
         self.openers: dict[str, Opener] = openers or {"kubernetes": open_kubernetes}
         self._open: dict[str, tuple[ClusterBackend, Backend]] = {}
         self._lock = asyncio.Lock()
@@ -235,7 +270,11 @@ class ClusterBackends:
         action, ref = step.action, step_ref(task, index)
         if isinstance(action, OfflineNode):
             return settle_node(await backend.offline_node(
-                action.node_id, ref, task_reason(task), dry_run=dry_run), "offline")
+                action.node_id, ref, task_reason(task), effect=action.effect,
+                dry_run=dry_run), "offline")
+        if isinstance(action, OnlineNode) and action.health_check is not None:
+            return await self._online_when_healthy(backend, task, index, action.health_check,
+                                                   dry_run)
         if isinstance(action, OnlineNode | UndrainNode):
             # Undrain undoes a drain's cordon and claim: what online undoes.
             return settle_node(await backend.online_node(action.node_id, ref, dry_run=dry_run),
@@ -275,6 +314,37 @@ class ClusterBackends:
                 await deregister_nodes(self.redis, self.keys, task.cluster_id, result.nodes)
         after = schedulable_gpus(await backend.inventory())
         return settle_capacity(result, action.action, before, after)
+
+    async def _online_when_healthy(self, backend: Backend, task: OpsTask, index: int,
+                                   check: HealthCheck, dry_run: bool) -> CentreResult:
+        """Online only once the node passes the template's health check (health.py); until
+        then it stays cordoned and the step waits, within its share of the step's time, then
+        fails retryably with the reason. A dry run judges once and does not wait."""
+        step = task.steps[index]
+        assert isinstance(step.action, OnlineNode)
+        node = step.action.node_id
+        started = self.clock()
+        deadline = started + step.timeout_s * DRAIN_SHARE
+        while True:
+            inventory = await backend.inventory()
+            conditions = next((n.conditions for n in inventory.nodes if n.name == node), None)
+            agent = await self.view.agent_health(task.cluster_id, node)
+            verdict = judge(check, conditions, agent, self.clock())
+            if verdict.clear or dry_run:
+                break
+            left = deadline - self.clock()
+            if left <= 0:
+                return Failed(short_text(
+                    f"health_check: {node} not healthy after {self.clock() - started:.0f} s: "
+                    f"{verdict.reason}"), permanent=False)
+            await self.sleep(min(verdict.recheck_s, RECHECK_S, left))
+        result = settle_node(await backend.online_node(node, step_ref(task, index),
+                                                       dry_run=dry_run), step.action.action)
+        if not isinstance(result, Completed):
+            return result
+        return Completed(result.outputs | {
+            "health": "clear" if verdict.clear else short_text(verdict.reason),
+            "health_waited_s": round(self.clock() - started, 1)})
 
     async def _drain(self, backend: Backend, task: OpsTask, node: str, index: int,
                      dry_run: bool) -> CentreResult:

@@ -12,6 +12,7 @@ from typing import cast, get_args
 from redis.asyncio import Redis
 
 from schemas.events.v1 import NodeStateName
+from services.executor.health import AgentHealth
 from services.executor.planning import JobKind, JobRef, NodeView, PoolView
 from services.shared.redis_client import Keys, text
 
@@ -93,3 +94,13 @@ class ClusterView:
     async def node(self, cluster: str, node: str) -> NodeView | None:
         row = await self.redis.hmget(self.keys.node(cluster, node), list(_FIELDS))
         return node_view(node, row)
+
+    async def agent_health(self, cluster: str, node: str) -> AgentHealth | None:
+        """The node's agent as the collector last recorded it; None: it never reported."""
+        state, faults, fault_at = (
+            None if v is None else text(v) for v in await self.redis.hmget(
+                self.keys.node(cluster, node), ["state", "fault_count", "fault_at"]))
+        if state is None:
+            return None
+        return AgentHealth(state=state, fault_count=int(faults or 0),
+                           fault_at=float(fault_at) if fault_at is not None else None)

@@ -12,6 +12,8 @@ from string import Formatter
 
 Scalar = str | int | float | bool
 ArgValue = Scalar | None
+Arg = ArgValue | dict[str, ArgValue]
+"""A step argument: a value, or one level of named values (e.g. `health_check: {hold_s: 60}`)."""
 
 # What every need fills in; parameters may not shadow these.
 NEED_FIELDS: tuple[str, ...] = ("cluster", "pool", "target")
@@ -58,6 +60,21 @@ def render(value: ArgValue, values: Mapping[str, Scalar]) -> ArgValue:
         literal + ("" if name is None else str(values[name]))
         for literal, name, _, _ in parsed
     )
+
+
+def render_arg(value: Arg, values: Mapping[str, Scalar]) -> Arg:
+    """A step argument rendered: a mapping's values one by one (`render`)."""
+    if isinstance(value, dict):
+        return {key: render(item, values) for key, item in value.items()}
+    return render(value, values)
+
+
+def arg_texts(field: str, value: Arg) -> list[tuple[str, str]]:
+    """The strings of an argument that may hold placeholders, each with its field's path."""
+    if isinstance(value, dict):
+        return [(f"{field}.{key}", item) for key, item in value.items()
+                if isinstance(item, str)]
+    return [(field, value)] if isinstance(value, str) else []
 
 
 def render_text(text: str, values: Mapping[str, Scalar]) -> str:

@@ -53,10 +53,11 @@ from schemas.events.v1 import (
 )
 from services.templater.placeholders import (
     NEED_FIELDS,
-    ArgValue,
+    Arg,
     Scalar,
+    arg_texts,
     placeholders,
-    render,
+    render_arg,
     render_text,
     unknown_placeholders,
 )
@@ -85,6 +86,8 @@ StepName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
 ParamName = Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_]{0,63}$")]
 ParamValue = StrictBool | StrictInt | StrictFloat | StrictStr
 StepArg = StrictBool | StrictInt | StrictFloat | StrictStr | None
+# One level of named values, for an action's small settings (online_node's health_check).
+StepArgs = StepArg | Annotated[dict[str, StepArg], Field(max_length=8)]
 
 
 class TemplateError(ValueError):
@@ -102,7 +105,7 @@ class StepTemplate(BaseModel):
 
     name: StepName
     action: StepActionName
-    args: dict[str, StepArg] = Field(default_factory=dict, max_length=16)
+    args: dict[str, StepArgs] = Field(default_factory=dict, max_length=16)
     guard: Guard | None = None
     timeout_s: float = Field(default=60.0, gt=0.0, le=86_400.0)
     max_attempts: int | None = Field(
@@ -293,9 +296,7 @@ def _step_problems(
                         "not planned")
     if "action" in step.args:
         problems.append(f"{path}.args.action: set by the step's `action`, not an argument")
-    for field, value in step.args.items():
-        if not isinstance(value, str):
-            continue
+    for field, value in (t for f, v in step.args.items() for t in arg_texts(f, v)):
         try:
             names = placeholders(value)
         except ValueError as err:
@@ -354,8 +355,8 @@ def step_execution_count(action: StepAction) -> int | None:
     return 1
 
 
-def _action_input(step: StepTemplate, values: Mapping[str, Scalar]) -> dict[str, ArgValue]:
-    return {**{k: render(v, values) for k, v in step.args.items()}, "action": step.action}
+def _action_input(step: StepTemplate, values: Mapping[str, Scalar]) -> dict[str, Arg]:
+    return {**{k: render_arg(v, values) for k, v in step.args.items()}, "action": step.action}
 
 
 # ---------------------------------------------------------------- loading and the registry

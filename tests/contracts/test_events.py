@@ -218,3 +218,22 @@ def test_kafka_key_must_match_the_subject() -> None:
 def test_arbitrary_bytes_never_escape_as_anything_but_a_validation_failure(body: bytes) -> None:
     with pytest.raises((PermanentError, ValidationError)):
         parse_event(NodeReport, body, None, limit=65_536)
+
+
+def test_an_offline_step_from_before_the_taint_effect_means_no_schedule() -> None:
+    # Producers older than `effect` send none: still accepted, as the default NoSchedule.
+    data = golden("ops_task")
+    offline = data["steps"][1]["action"]
+    assert offline["action"] == "offline_node"
+    del offline["effect"]
+    task = OpsTask.model_validate_json(json.dumps(data))
+    action = task.steps[1].action
+    assert action.action == "offline_node"
+    assert action.effect == "NoSchedule"
+    offline["effect"] = "NoExecute"
+    action = OpsTask.model_validate_json(json.dumps(data)).steps[1].action
+    assert action.action == "offline_node"
+    assert action.effect == "NoExecute"
+    offline["effect"] = "PreferNoSchedule"
+    with pytest.raises(ValidationError):
+        OpsTask.model_validate_json(json.dumps(data))

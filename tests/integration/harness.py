@@ -303,18 +303,22 @@ class ApiSite:
                 "API_PORT": str(self.port), "API_TOKENS": tokens}
 
 
-def edited_templates(directory: Path, file: str, old: str, new: str) -> Path:
+def edited_templates(directory: Path, file: str, old: str, new: str,
+                     *also: tuple[str, str, str]) -> Path:
     """The built-in templates copied into `directory`, with `old` replaced by `new` in `file`
-    (which must contain it: a test never runs on a template it did not mean to change)."""
+    (which must contain it: a test never runs on a template it did not mean to change), and
+    each further (file, old, new) edit of `also`."""
     from services.templater import templates as builtin_templates
 
     source = Path(builtin_templates.__file__).parent / "templates"
     directory.mkdir(parents=True, exist_ok=True)
+    edits = [(file, old, new), *also]
     for template in source.glob("*.yaml"):
         text = template.read_text()
-        if template.name == file:
-            assert old in text, f"{file} no longer has {old!r}"
-            text = text.replace(old, new)
+        for name, before, after in edits:
+            if template.name == name:
+                assert before in text, f"{name} no longer has {before!r}"
+                text = text.replace(before, after)
         (directory / template.name).write_text(text)
     return directory
 

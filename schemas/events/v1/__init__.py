@@ -31,6 +31,7 @@ from schemas.events.v1.actions import (
     AgentAction,
     Cancel,
     DrainNode,
+    HealthCheck,
     MigrateJob,
     MigrateJobs,
     NodeAction,
@@ -51,6 +52,7 @@ from schemas.events.v1.actions import (
     StepAction,
     StepActionName,
     StopJob,
+    TaintEffect,
     UndrainNode,
 )
 from schemas.events.v1.analysis import (
@@ -203,6 +205,7 @@ __all__ = [
     "GpuMetrics",
     "GpuSource",
     "Guard",
+    "HealthCheck",
     "HostMetrics",
     "InferenceCause",
     "InferenceOutput",
@@ -269,6 +272,7 @@ __all__ = [
     "StepIndex",
     "StepState",
     "StopJob",
+    "TaintEffect",
     "TaskControl",
     "TaskEvent",
     "TaskRelations",

@@ -31,11 +31,28 @@ class UndrainNode(Strict):
     node_id: Identifier
 
 
+TaintEffect = Literal["NoSchedule", "NoExecute"]
+"""What a backend's taint on an offline node does: keep new pods off (NoSchedule), or also
+evict those that do not tolerate it (NoExecute). An agent on its own node has no taints."""
+
+
 class OfflineNode(Strict):
     """Take a drained node out of service."""
 
     action: Literal["offline_node"] = "offline_node"
     node_id: Identifier
+    effect: TaintEffect = Field(
+        default="NoSchedule", description="The taint's effect where the backend taints nodes "
+        "(Kubernetes); the local agents ignore it.")
+
+
+class HealthCheck(Strict):
+    """What must hold before a node returns to service: its backend's conditions clear (on
+    Kubernetes: Ready True and no other condition True) and its agent reporting no fault for
+    `hold_s`. Until then the online step waits within its timeout, then fails (retried)."""
+
+    conditions_clear: bool = True
+    hold_s: Annotated[float, Field(ge=0.0, le=3_600.0)] = 0.0
 
 
 class OnlineNode(Strict):
@@ -43,6 +60,9 @@ class OnlineNode(Strict):
 
     action: Literal["online_node"] = "online_node"
     node_id: Identifier
+    health_check: HealthCheck | None = Field(
+        default=None, description="None: the node returns at once (the need already saw its "
+        "agent fault-free for the analyzer's hold).")
 
 
 class MigrateJob(Strict):

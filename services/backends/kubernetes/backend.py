@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from kubernetes_asyncio import client
 
 from common.clock import EpochClock
+from schemas.events.v1 import TaintEffect
 from services.backends.base import (
     CapacityResult,
     DrainResult,
@@ -20,7 +21,6 @@ from services.backends.base import (
     NodeResult,
     Outcome,
     StepRef,
-    TaintEffect,
 )
 from services.backends.budget import TokenBucket
 from services.backends.kubernetes.actuator import CapacitySource, MachineDeployments, StandbyPool

@@ -125,7 +125,11 @@ class ClusterCache:
 
     async def wait_for(self, found: Callable[[], T | None], timeout_s: float) -> T | None:
         """The first non-None answer of `found` (read after each change), or None at the
-        deadline."""
+        deadline. An answer already there is taken even when no time is left (a retry whose
+        deadline passed still sees what the watch already showed)."""
+        if (ready := found()) is not None:
+            return ready
+
         async def until() -> T:
             async with self._changed:
                 while (value := found()) is None:

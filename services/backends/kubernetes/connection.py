@@ -90,6 +90,13 @@ def merge_patch_node(api: client.ApiClient, name: str, body: dict[str, Any],
     return patch(name, body, _content_type=MERGE_PATCH, **dry_run_args(dry_run))  # type: ignore[no-any-return]
 
 
+def merge_patch_pod(api: client.ApiClient, namespace: str, name: str,
+                    body: dict[str, Any]) -> Awaitable[Any]:
+    """A JSON merge patch of a pod (its annotations: the checkpoint request)."""
+    patch: Any = client.CoreV1Api(api).patch_namespaced_pod
+    return patch(name, namespace, body, _content_type=MERGE_PATCH)  # type: ignore[no-any-return]
+
+
 def as_json(api: client.ApiClient, obj: Any) -> dict[str, Any]:
     """A model object as the API serialises it (camelCase keys), for the pure decisions."""
     data = api.sanitize_for_serialization(obj)

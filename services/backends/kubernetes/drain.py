@@ -6,6 +6,10 @@ time, not a failure), 409 (another eviction updated the PDB meanwhile: try again
 (already gone: a resend after a crash). After the evictions, each pod's controller must have a
 replacement Running on another node; the cache's watch says when. A pod with no controller
 has nothing to wait for.
+
+Before any eviction, each pod that opts in to the checkpoint protocol (checkpoint.py) is asked
+to checkpoint, and the drain waits on the watch for its answer, up to the pod's timeout and at
+most half the drain's time (the evictions and the replacements need the rest).
 """
 
 from __future__ import annotations
@@ -14,19 +18,43 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from common.clock import EpochClock
 from schemas.kubernetes import STEP_ANNOTATION
-from services.backends.base import BackendError, DrainResult, PodMove, StepRef
+from services.backends.base import BackendError, Checkpoint, DrainResult, PodMove, StepRef
 from services.backends.budget import TokenBucket
 from services.backends.kubernetes.cache import ClusterCache
-from services.backends.kubernetes.connection import as_json, call, dry_run_args
+from services.backends.kubernetes.checkpoint import (
+    CheckpointAck,
+    CheckpointPlan,
+    ack_of,
+    annotations_of,
+    plan_checkpoint,
+    request_patch,
+    resumed_from,
+)
+from services.backends.kubernetes.connection import as_json, call, dry_run_args, merge_patch_pod
 from services.backends.kubernetes.gpus import PodRef, find_replacement, live, pod_gpus
 
 PDB_RETRY_S = 1.0
+# The checkpoints' wait may take this share of the drain's time at most.
+CHECKPOINT_SHARE = 0.5
+# After a workload that acknowledged a checkpoint gets its replacement, how long the drain
+# waits for the replacement to say which step it resumed from (it may never say).
+RESUME_REPORT_S = 5.0
+CONFLICT_TRIES = 5
+
+
+@dataclass(frozen=True)
+class Checkpointed:
+    """A pod's checkpoint before its eviction: asked or not, and the answer."""
+
+    outcome: Checkpoint
+    ack: CheckpointAck | None = None
 
 
 @dataclass
@@ -41,33 +69,43 @@ class DrainRun:
     pdb_waits: dict[str, int] = field(default_factory=dict)
     evicted: list[PodRef] = field(default_factory=list)
     seen_uids: set[str] = field(default_factory=set)
+    checkpoints: dict[str, Checkpointed] = field(default_factory=dict)
 
 
 class Drainer:
     def __init__(self, api: client.ApiClient, cache: ClusterCache, budget: TokenBucket, *,
-                 clock: EpochClock = time.monotonic,
+                 clock: EpochClock = time.monotonic, wall: EpochClock = time.time,
                  sleep: Callable[[float], Awaitable[None]] | None = None) -> None:
         self._api = api
         self._core = client.CoreV1Api(api)
         self._cache = cache
         self._budget = budget
         self._clock = clock
+        self._wall = wall
+        """The time a checkpoint request records (it outlives this process)."""
         self._sleep = sleep or asyncio.sleep
 
-    async def gpu_pods_on(self, node: str) -> list[PodRef]:
-        """The node's live GPU pods, read from the API server (not the cache) before acting."""
+    async def _gpu_pods_json(self, node: str) -> list[dict[str, Any]]:
         answer = await call(f"list pods on {node}", lambda: self._core.list_pod_for_all_namespaces(
             field_selector=f"spec.nodeName={node}"))
         pods = [as_json(self._api, p) for p in answer.items]
-        return [PodRef.of(p) for p in pods if live(p) and pod_gpus(p) > 0]
+        return [p for p in pods if live(p) and pod_gpus(p) > 0]
+
+    async def gpu_pods_on(self, node: str) -> list[PodRef]:
+        """The node's live GPU pods, read from the API server (not the cache) before acting."""
+        return [PodRef.of(p) for p in await self._gpu_pods_json(node)]
 
     async def drain(self, node: str, step: StepRef, *, timeout_s: float,
                     dry_run: bool) -> DrainResult:
         run = DrainRun(node=node, step=step, deadline=self._clock() + timeout_s,
                        dry_run=dry_run)
-        pods = await self.gpu_pods_on(node)
+        found = await self._gpu_pods_json(node)
+        pods = [PodRef.of(p) for p in found]
         run.waiting = {p.key: p for p in pods}
         run.seen_uids = {p.uid for p in pods}
+        if not dry_run:
+            # Asked before any eviction: a workload saves its state while it still runs.
+            await self._checkpoints(run, found, timeout_s * CHECKPOINT_SHARE)
         while run.waiting:
             for key, pod in list(run.waiting.items()):
                 if await self._evict(pod, run):
@@ -76,14 +114,75 @@ class Drainer:
             if not run.waiting or dry_run or self._clock() >= run.deadline:
                 break
             await self._sleep(min(PDB_RETRY_S, max(run.deadline - self._clock(), 0.0)))
-        moves = [PodMove(p.namespace, p.name, node, pdb_waits=run.pdb_waits.get(p.key, 0))
-                 for p in run.evicted]
+        moves = [self._move(p, run) for p in run.evicted]
         if not dry_run:
             moves = await self._placed(run, moves)
         unplaced = [f"{m.namespace}/{m.pod}" for m, p in zip(moves, run.evicted, strict=True)
                     if p.controller_uid is not None and m.replacement is None]
         return DrainResult(node=node, moved=tuple(moves), held=tuple(sorted(run.waiting)),
                            unplaced=tuple(unplaced), dry_run=dry_run)
+
+    @staticmethod
+    def _move(pod: PodRef, run: DrainRun) -> PodMove:
+        checkpointed = run.checkpoints.get(pod.key, Checkpointed(Checkpoint.NOT_ASKED))
+        return PodMove(pod.namespace, pod.name, run.node, pdb_waits=run.pdb_waits.get(pod.key, 0),
+                       checkpoint=checkpointed.outcome,
+                       checkpoint_step=checkpointed.ack.step if checkpointed.ack else None)
+
+    async def _checkpoints(self, run: DrainRun, pods: list[dict[str, Any]],
+                           budget_s: float) -> None:
+        """Asks every opted-in pod first, then waits (on the watch) for each answer."""
+        plans: dict[str, tuple[PodRef, CheckpointPlan]] = {}
+        for pod in pods:
+            asked = await self._ask(pod, run.step)
+            if asked is not None:
+                plans[asked[0].key] = asked
+        until = self._clock() + budget_s
+        for key, (ref, plan) in plans.items():
+            def answer(ref: PodRef = ref, plan: CheckpointPlan = plan) -> Checkpointed | None:
+                pod = self._cache.pods.get(ref.key)
+                if pod is None or (pod.get("metadata") or {}).get("uid") != ref.uid:
+                    return Checkpointed(Checkpoint.TIMED_OUT)  # gone: nothing to wait for
+                ack = ack_of(annotations_of(pod), plan.request.id)
+                return Checkpointed(Checkpoint.ACKED, ack) if ack is not None else None
+            left = min(plan.deadline - self._wall(), until - self._clock())
+            run.checkpoints[key] = (await self._cache.wait_for(answer, left)
+                                    or Checkpointed(Checkpoint.TIMED_OUT))
+
+    async def _ask(self, pod: dict[str, Any],
+                   step: StepRef) -> tuple[PodRef, CheckpointPlan] | None:
+        """Writes the checkpoint request on an opted-in pod unless it already carries this
+        step's own; re-read and decided again if the pod changed meanwhile (409)."""
+        ref = PodRef.of(pod)
+        for _ in range(CONFLICT_TRIES):
+            plan = plan_checkpoint(annotations_of(pod), step, self._wall())
+            if plan is None or not plan.ask:
+                return (ref, plan) if plan is not None else None
+            body = request_patch(plan.request, (pod.get("metadata") or {}).get(
+                "resourceVersion", ""))
+            try:
+                await call(f"ask pod {ref.key} to checkpoint",
+                           lambda b=body: merge_patch_pod(  # type: ignore[misc]
+                               self._api, ref.namespace, ref.name, b))
+                return ref, plan
+            except ApiException as err:
+                if err.status == 404:
+                    return None
+                if err.status != 409:
+                    raise BackendError(f"ask pod {ref.key} to checkpoint: {err.status} "
+                                       f"{err.reason}") from err
+            try:
+                pod = as_json(self._api, await call(
+                    f"read pod {ref.key}",
+                    lambda: self._core.read_namespaced_pod(ref.name, ref.namespace)))
+            except ApiException as err:
+                if err.status == 404:
+                    return None
+                raise BackendError(f"read pod {ref.key}: {err.status} {err.reason}") from err
+            if (pod.get("metadata") or {}).get("uid") != ref.uid:
+                return None  # gone, and its controller made another of the same name
+        raise BackendError(f"pod {ref.key} kept changing under {CONFLICT_TRIES} attempts "
+                           "to ask it to checkpoint")
 
     async def _evict(self, pod: PodRef, run: DrainRun) -> bool:
         """True once the pod is evicted (or gone); False while a PDB holds it."""
@@ -124,6 +223,17 @@ class Drainer:
                 placed.append(move)
                 continue
             claimed.add(replacement.uid)
-            placed.append(replace(move, replacement=replacement.name,
-                                  to_node=replacement.node))
+            placed.append(replace(move, replacement=replacement.name, to_node=replacement.node,
+                                  resumed_from=await self._resumed(replacement, move, run)))
         return placed
+
+    async def _resumed(self, replacement: PodRef, move: PodMove, run: DrainRun) -> int | None:
+        """The step the replacement says it resumed from: read at once, and waited for a
+        little when its workload acknowledged a checkpoint (it speaks the protocol)."""
+        def said() -> int | None:
+            pod = self._cache.pods.get(replacement.key)
+            return resumed_from(annotations_of(pod)) if pod is not None else None
+        if move.checkpoint is not Checkpoint.ACKED:
+            return said()
+        left = min(RESUME_REPORT_S, run.deadline - self._clock())
+        return await self._cache.wait_for(said, left)

@@ -17,8 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from schemas.events.v1 import TaintEffect
 from schemas.kubernetes import OFFLINE_ANNOTATION, TAINT_KEY
-from services.backends.base import Outcome, StepRef, TaintEffect
+from services.backends.base import Outcome, StepRef
 
 # A taint's value is a label value: at most 63 of these characters, alphanumeric at both ends.
 _LABEL_VALUE_MAX = 63

@@ -49,6 +49,8 @@ async def _running(kube: KubeScope, node: str) -> bool:
 @pytest.mark.parametrize(("verb", "resource", "subresource", "allowed"), [
     ("patch", "nodes", "", True),
     ("watch", "pods", "", True),
+    # The checkpoint request before an eviction is an annotation on the pod.
+    ("patch", "pods", "", True),
     ("create", "pods", "eviction", True),
     ("delete", "pods", "", False),
     ("delete", "nodes", "", False),

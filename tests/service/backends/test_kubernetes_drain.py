@@ -5,10 +5,18 @@ controller-manager, kwok playing the kubelets); dry run evicts nothing."""
 
 from __future__ import annotations
 
-from schemas.kubernetes import OFFLINE_ANNOTATION
-from services.backends.base import StepRef
+import json
+
+from schemas.kubernetes import (
+    CHECKPOINT_ANNOTATION,
+    CHECKPOINT_REQUEST_ANNOTATION,
+    CHECKPOINT_TIMEOUT_ANNOTATION,
+    OFFLINE_ANNOTATION,
+)
+from services.backends.base import Checkpoint, StepRef
 from services.backends.budget import TokenBucket
 from services.backends.kubernetes.backend import KubernetesBackend
+from services.backends.kubernetes.connection import as_json
 from tests.kube import KubeScope, settled
 
 OFFLINE = StepRef(task_id="task-1", step="0:offline_node")
@@ -143,3 +151,63 @@ async def test_a_node_a_person_cordoned_is_never_drained(
     assert await kube.running_on(bad) == ["train-0", "train-1"]
     assert OFFLINE_ANNOTATION not in ((await kube.node(bad))["metadata"].get("annotations")
                                       or {})
+
+
+async def test_a_drain_asks_an_opted_in_pod_once_and_records_the_step_it_saved(
+        kube: KubeScope, backend: KubernetesBackend) -> None:
+    bad = await kube.add_gpu_node("bad")
+    await kube.add_gpu_statefulset("ckpt", 1, gpus=2,
+                                   annotations={CHECKPOINT_TIMEOUT_ANNOTATION: "30"})
+    await settled(lambda: _running(kube, bad, ["ckpt-0"]), "ckpt-0 Running on the bad node")
+    await kube.add_pdb("ckpt", "ckpt", 1)
+    await kube.add_gpu_node("good-1")
+
+    # No answer within the drain's share, and the PDB holds the pod: asked, not evicted.
+    held = await backend.drain_node(bad, DRAIN, timeout_s=4.0)
+    assert held.held == (f"{kube.namespace}/ckpt-0",)
+    request = await _request_on(kube, "ckpt-0")
+    assert json.loads(request)["id"] == "task-1/1:drain_node"
+
+    # The same step again (a retry): its own request is found, not written anew.
+    again = await backend.drain_node(bad, DRAIN, timeout_s=4.0)
+    assert again.held == held.held
+    assert await _request_on(kube, "ckpt-0") == request
+
+    # The workload answers; the PDB lets it go: evicted, with the step it saved.
+    await kube.core.patch_namespaced_pod("ckpt-0", kube.namespace, {"metadata": {
+        "annotations": {CHECKPOINT_ANNOTATION: json.dumps(
+            {"request": json.loads(request)["id"], "step": 77})}}})
+    await kube.set_pdb_min_available("ckpt", 0)
+    done = await backend.drain_node(bad, DRAIN, timeout_s=TIMEOUT_S)
+    assert done.complete, done
+    (move,) = done.moved
+    assert (move.pod, move.checkpoint, move.checkpoint_step) == ("ckpt-0", Checkpoint.ACKED, 77)
+    assert move.to_node == f"{kube.prefix}-good-1"
+
+
+async def test_a_pod_that_never_answers_is_evicted_after_its_timeout(
+        kube: KubeScope, backend: KubernetesBackend) -> None:
+    bad = await kube.add_gpu_node("bad")
+    await kube.add_gpu_statefulset("ckpt", 1, gpus=2,
+                                   annotations={CHECKPOINT_TIMEOUT_ANNOTATION: "1"})
+    await kube.add_gpu_statefulset("plain", 1, gpus=2)
+    await settled(lambda: _running(kube, bad, ["ckpt-0", "plain-0"]), "both Running on bad")
+    await kube.add_gpu_node("good-1")
+
+    done = await backend.drain_node(bad, DRAIN, timeout_s=TIMEOUT_S)
+
+    assert done.complete, done
+    outcomes = {m.pod: (m.checkpoint, m.checkpoint_step) for m in done.moved}
+    assert outcomes == {"ckpt-0": (Checkpoint.TIMED_OUT, None),
+                        "plain-0": (Checkpoint.NOT_ASKED, None)}
+    assert await kube.running_on(bad) == []
+
+
+async def _running(kube: KubeScope, node: str, pods: list[str]) -> bool:
+    return await kube.running_on(node) == pods
+
+
+async def _request_on(kube: KubeScope, pod: str) -> str:
+    read = as_json(kube.api, await kube.core.read_namespaced_pod(pod, kube.namespace))
+    request: str = read["metadata"]["annotations"][CHECKPOINT_REQUEST_ANNOTATION]
+    return request

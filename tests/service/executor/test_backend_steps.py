@@ -12,7 +12,15 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
-from schemas.events.v1 import AddCapacity, DrainNode, OfflineNode, OnlineNode, RemoveCapacity
+from schemas.events.v1 import (
+    AddCapacity,
+    DrainNode,
+    HealthCheck,
+    OfflineNode,
+    OnlineNode,
+    RemoveCapacity,
+    TaintEffect,
+)
 from services.backends.base import (
     Backend,
     BackendError,
@@ -24,7 +32,6 @@ from services.backends.base import (
     Outcome,
     PodMove,
     StepRef,
-    TaintEffect,
 )
 from services.executor.backend_steps import ClusterBackends
 from services.executor.settings import ExecutorSettings
@@ -44,11 +51,15 @@ class RecordingBackend:
     offline: list[NodeResult | Exception] = field(default_factory=list)
     draining: int = 0
     """How many remove_capacity calls answer a node still draining."""
+    effects: list[TaintEffect] = field(default_factory=list)
+    conditions: list[dict[str, str]] = field(default_factory=list)
+    """NODE's conditions, one per inventory read (the last one stays); none: NODE unknown."""
 
     async def offline_node(self, node: str, step: StepRef, reason: str, *,
                            effect: TaintEffect = "NoSchedule",
                            dry_run: bool = False) -> NodeResult:
         self.calls.append(("offline", node, step, dry_run))
+        self.effects.append(effect)
         answer = self.offline.pop(0) if self.offline else NodeResult(node, Outcome.APPLIED)
         if isinstance(answer, Exception):
             raise answer
@@ -82,12 +93,32 @@ class RecordingBackend:
         return CapacityResult(pool, ("standby-1",), Outcome.APPLIED)
 
     async def inventory(self) -> Inventory:
-        return Inventory(nodes=(NodeGpus("gpu-2", 8, 8, schedulable=True, ready=True),),
-                         pods_by_node={}, pending=())
+        nodes = [NodeGpus("gpu-2", 8, 8, schedulable=True, ready=True)]
+        if self.conditions:
+            conditions = self.conditions.pop(0) if len(self.conditions) > 1 else self.conditions[0]
+            nodes.append(NodeGpus(NODE, 8, 8, schedulable=False,
+                                  ready=conditions.get("Ready") == "True",
+                                  conditions=conditions))
+        return Inventory(nodes=tuple(nodes), pods_by_node={}, pending=())
 
 
-async def kube_harness(redis: Redis, keys: Keys, tmp_path: Path,
-                       backend: RecordingBackend) -> tuple[Harness, list[ClusterBackend]]:
+@dataclass
+class FakeTime:
+    """The executor's clock for a step that waits: each sleep moves it on at once."""
+
+    now: float = 1_800_000_000.0
+    slept: list[float] = field(default_factory=list)
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+async def kube_harness(redis: Redis, keys: Keys, tmp_path: Path, backend: RecordingBackend,
+                       clock: FakeTime | None = None) -> tuple[Harness, list[ClusterBackend]]:
     opened: list[ClusterBackend] = []
 
     async def opener(config: ClusterBackend) -> Backend:
@@ -95,8 +126,10 @@ async def kube_harness(redis: Redis, keys: Keys, tmp_path: Path,
         return backend
 
     await set_cluster_backend(redis, keys, CLUSTER, KUBE)
+    time = clock or FakeTime()
     harness = make_harness(redis, keys, tmp_path, ExecutorSettings(backoff_base_s=1.0),
-                           ClusterBackends(redis, keys, openers={"kubernetes": opener}))
+                           ClusterBackends(redis, keys, openers={"kubernetes": opener},
+                                           clock=time, sleep=time.sleep))
     return harness, opened
 
 
@@ -215,3 +248,54 @@ async def test_a_dry_run_capacity_step_says_what_it_would_add_and_enrols_nothing
     assert (outputs["dry_run"], outputs["added"], outputs["would_add"]) == (
         True, 0, "standby-1")
     assert "standby-1" not in await registered_nodes(redis, keys, CLUSTER)
+
+
+async def test_the_offline_steps_taint_effect_reaches_the_backend(
+    redis: Redis, keys: Keys, tmp_path: Path,
+) -> None:
+    backend = RecordingBackend()
+    harness, _ = await kube_harness(redis, keys, tmp_path, backend)
+    task = make_task(OfflineNode(node_id=NODE, effect="NoExecute"), OfflineNode(node_id=NODE))
+    await harness.dispatch(task)
+    assert harness.final(task).state == "succeeded"
+    assert backend.effects == ["NoExecute", "NoSchedule"]
+
+
+async def test_online_waits_for_the_health_check_then_brings_the_node_back(
+    redis: Redis, keys: Keys, tmp_path: Path,
+) -> None:
+    problem = {"Ready": "True", "GPUProblem": "True"}
+    backend = RecordingBackend(conditions=[problem, problem, {"Ready": "True"}])
+    clock = FakeTime()
+    harness, _ = await kube_harness(redis, keys, tmp_path, backend, clock)
+    # The agent's last fault, as the collector keeps it: 100 s ago, within no 30 s hold.
+    await redis.hset(keys.node(CLUSTER, NODE), mapping={
+        "state": "offline", "fault_count": 0, "fault_at": clock.now - 100.0})
+    task = make_task(OnlineNode(node_id=NODE, health_check=HealthCheck(hold_s=30)))
+    await harness.dispatch(task)
+    assert harness.final(task).state == "succeeded"
+    # Not uncordoned while the condition was True: asked twice, then online once.
+    assert [c[0] for c in backend.calls] == ["online"]
+    assert len(clock.slept) == 2
+    outputs = harness.events(task)[2].outputs
+    assert (outputs["outcome"], outputs["health"]) == ("applied", "clear")
+
+
+async def test_online_whose_node_stays_unhealthy_fails_retryably_and_never_uncordons(
+    redis: Redis, keys: Keys, tmp_path: Path,
+) -> None:
+    backend = RecordingBackend(conditions=[{"Ready": "True"}])
+    clock = FakeTime()
+    harness, _ = await kube_harness(redis, keys, tmp_path, backend, clock)
+    # The conditions are clear, but the agent faulted 5 s ago: the 60 s hold is not over
+    # within the step's 30 s.
+    await redis.hset(keys.node(CLUSTER, NODE), mapping={
+        "state": "offline", "fault_count": 0, "fault_at": clock.now - 5.0})
+    task = make_task(OnlineNode(node_id=NODE, health_check=HealthCheck(hold_s=60)))
+    await harness.dispatch(task)
+    failed = harness.events(task)[-1]
+    assert failed.step_state == "failed"
+    assert f"health_check: {NODE} not healthy" in failed.reason
+    assert "its agent's last fault was" in failed.reason
+    assert "retry in 1 s" in failed.reason
+    assert backend.calls == []

@@ -12,7 +12,7 @@ from uuid import uuid4
 import pytest
 from redis.asyncio import Redis
 
-from schemas.events.v1 import JobInfo, NodeMode, NodeReport, now_utc, state_from_mode
+from schemas.events.v1 import Fault, JobInfo, NodeMode, NodeReport, now_utc, state_from_mode
 from services.collector.store import JOBS_LISTED, NodeRow, NodeStore
 from services.executor.cluster_view import ClusterView
 from services.executor.planning import JobRef
@@ -167,3 +167,22 @@ async def test_demand_is_read_with_the_pool(redis: Redis, keys: Keys, store: Nod
     pool = await ClusterView(redis, keys).pool(CLUSTER, "default")
     assert pool.demand_pct == 12.5
     assert pool.util_pct == pytest.approx(62.5)
+
+
+async def test_the_agents_last_fault_is_kept_for_the_online_health_check(
+    redis: Redis, keys: Keys, store: NodeStore
+) -> None:
+    view = ClusterView(redis, keys)
+    assert await view.agent_health(CLUSTER, "n1") is None
+    faulty = report("n1", 1).model_copy(update={"faults": [Fault(kind="xid", code=79,
+                                                                 gpu_index=0)]})
+    assert await apply(store, (faulty, 50.0)) == ["ok"]
+    sent = await view.last_report(CLUSTER, "n1")
+    health = await view.agent_health(CLUSTER, "n1")
+    assert health is not None
+    assert (health.state, health.fault_count, health.fault_at) == ("up", 1, sent)
+    # A later report without faults: the count goes to 0, the fault's time stays.
+    assert await apply(store, (report("n1", 2, mode="offline"), 0.0)) == ["ok"]
+    health = await view.agent_health(CLUSTER, "n1")
+    assert health is not None
+    assert (health.state, health.fault_count, health.fault_at) == ("offline", 0, sent)

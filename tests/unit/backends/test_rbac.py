@@ -10,7 +10,7 @@ import yaml
 RBAC = Path(__file__).resolve().parents[3] / "deploy" / "kubernetes" / "rbac.yaml"
 NEEDED = {
     ("", "nodes"): {"get", "list", "watch", "patch"},
-    ("", "pods"): {"get", "list", "watch"},
+    ("", "pods"): {"get", "list", "watch", "patch"},
     ("", "pods/eviction"): {"create"},
     ("cluster.x-k8s.io", "machinedeployments"): {"get", "patch"},
     ("cluster.x-k8s.io", "machinedeployments/scale"): {"get", "patch", "update"},

@@ -10,7 +10,15 @@ from uuid import uuid4
 import pytest
 
 from schemas.events.v1 import Evidence, OfflineNode, OpsTask, Step, now_utc
-from services.backends.base import DrainResult, Inventory, NodeGpus, NodeResult, Outcome, PodMove
+from services.backends.base import (
+    Checkpoint,
+    DrainResult,
+    Inventory,
+    NodeGpus,
+    NodeResult,
+    Outcome,
+    PodMove,
+)
 from services.executor.backend_steps import (
     schedulable_gpus,
     settle_drain,
@@ -116,3 +124,21 @@ def test_a_dry_run_drain_completes_saying_what_would_be_evicted_and_held() -> No
     assert isinstance(result, Completed)
     assert result.outputs["dry_run"] is True
     assert (result.outputs["would_evict"], result.outputs["held"]) == (1, 1)
+
+
+def test_a_drain_records_from_which_checkpoint_step_each_workload_goes_on() -> None:
+    acked = PodMove(namespace="ml", pod="train-0", from_node="gpu-1", replacement="train-0",
+                    to_node="gpu-2", checkpoint=Checkpoint.ACKED, checkpoint_step=1200,
+                    resumed_from=1200)
+    silent = PodMove(namespace="ml", pod="train-1", from_node="gpu-1", replacement="train-1",
+                     to_node="gpu-3", checkpoint=Checkpoint.TIMED_OUT)
+    result = settle_drain(DrainResult("gpu-1", moved=(acked, silent, MOVE)), 24, 16)
+    assert isinstance(result, Completed)
+    assert result.outputs["checkpoints_acked"] == 1
+    assert result.outputs["checkpoints_timed_out"] == 1
+    # A pod that does not speak the protocol (MOVE) is not listed: it was never asked.
+    assert result.outputs["checkpoints"] == "ml/train-0@1200>resumed@1200,ml/train-1@timed_out"
+    # A drain of pods none of which opted in says nothing of checkpoints.
+    plain = settle_drain(DrainResult("gpu-1", moved=(MOVE,)), 24, 16)
+    assert isinstance(plain, Completed)
+    assert "checkpoints" not in plain.outputs

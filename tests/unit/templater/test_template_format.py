@@ -353,3 +353,51 @@ def test_a_steps_declared_count_wins_over_its_action(tmp_path: Path) -> None:
         step(name="add", action="add_capacity", args={"pool": "{pool}"},
              execution_count=2)])))
     assert planned(loaded).steps[0].execution_count == 2
+
+
+# ---------------------------------------------------------------- node steps' settings
+
+
+def test_offline_names_its_taint_effect_and_online_its_health_check(tmp_path: Path) -> None:
+    loaded = load_template(write(tmp_path, "t.yaml", template(
+        parameters={"hold": 60},
+        steps=[step(name="offline", action="offline_node",
+                    args={"node_id": "{target}", "effect": "NoExecute"}),
+               step(name="online", action="online_node",
+                    args={"node_id": "{target}",
+                          "health_check": {"conditions_clear": True, "hold_s": "{hold}"}})],
+    )))
+    offline, online = (s.action for s in plan(loaded, need(), NOW, "templater").steps)
+    assert offline.action == "offline_node"
+    assert offline.effect == "NoExecute"
+    assert online.action == "online_node"
+    assert online.health_check is not None
+    assert (online.health_check.conditions_clear, online.health_check.hold_s) == (True, 60.0)
+    # Unnamed: NoSchedule, and online at once.
+    plain = load_template(write(tmp_path, "p.yaml", template(steps=[
+        step(name="offline", action="offline_node", args={"node_id": "{target}"}),
+        step(name="online", action="online_node", args={"node_id": "{target}"})])))
+    offline, online = (s.action for s in plan(plain, need(), NOW, "templater").steps)
+    assert offline.action == "offline_node"
+    assert offline.effect == "NoSchedule"
+    assert online.action == "online_node"
+    assert online.health_check is None
+
+
+@pytest.mark.parametrize(("args", "field", "why"), [
+    ({"node_id": "{target}", "effect": "PreferNoSchedule"}, "steps.0.args.effect",
+     "Input should be 'NoSchedule' or 'NoExecute'"),
+    ({"node_id": "{target}", "health_check": {"hold_s": -5}},
+     "steps.0.args.health_check.hold_s", "greater than or equal to 0"),
+    ({"node_id": "{target}", "health_check": {"hold": 60}}, "steps.0.args.health_check.hold",
+     "Extra inputs"),
+    ({"node_id": "{target}", "health_check": {"hold_s": "{nope}"}},
+     "steps.0.args.health_check.hold_s", "unknown placeholder {nope}"),
+])
+def test_a_bad_effect_or_health_check_names_its_field(
+    tmp_path: Path, args: dict[str, Any], field: str, why: str,
+) -> None:
+    action = "offline_node" if "effect" in args else "online_node"
+    message = load_error(tmp_path, template(steps=[step(action=action, args=args)]))
+    assert f"{field}: " in message
+    assert why in message
