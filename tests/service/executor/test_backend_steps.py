@@ -23,6 +23,7 @@ from services.backends.base import (
     NodeResult,
     Outcome,
     PodMove,
+    PoolDemand,
     StepRef,
     TaintEffect,
 )
@@ -84,6 +85,9 @@ class RecordingBackend:
     async def inventory(self) -> Inventory:
         return Inventory(nodes=(NodeGpus("gpu-2", 8, 8, schedulable=True, ready=True),),
                          pods_by_node={}, pending=())
+
+    async def queued_demand(self, default_pool: str) -> tuple[PoolDemand, ...]:
+        return ()
 
 
 async def kube_harness(redis: Redis, keys: Keys, tmp_path: Path,
