@@ -19,6 +19,7 @@ from agent.commands import CommandExecutor
 from agent.device import GpuProbe, NvmlProbe, open_probe
 from agent.faults import FaultPlan, read_faults, reports_paused
 from agent.host import HostSampler
+from agent.jobs.kube_node import ConditionRule
 from agent.jobs.kube_pods import KubePods
 from agent.jobs.processes import JobManager, job_args, job_specs
 from agent.jobs.runner import JobRunner, JobSource
@@ -50,7 +51,9 @@ def make_jobs(settings: AgentSettings, state_dir: Path) -> JobRunner | KubePods:
     """The node's jobs as the settings choose them: processes, a simulation, none, or the
     GPU pods the Kubernetes API server bound to this node."""
     if settings.kube_pods:
-        return KubePods(settings.node_id, settings.gpus, settings.kubeconfig or None)
+        return KubePods(settings.node_id, settings.gpus, settings.kubeconfig or None,
+                        ConditionRule(tuple(settings.node_fault_conditions),
+                                      settings.not_ready_after_s))
     if settings.simulated:
         return SimulatedJobs(settings.node_id, settings.gpus, now_utc(),
                              names=settings.simulated_job_names(), state_dir=state_dir)

@@ -85,6 +85,9 @@ class Reporter:
             # the Node's claim says whether ClusterWarden took it offline.
             mode = self.jobs.mode(mode)
         faults: list[Fault] = []
+        if isinstance(self.jobs, KubePods):
+            # What the cluster says of the node (not Ready, a problem detector's condition).
+            faults.extend(self.jobs.node_faults(now))
         try:
             self.jobs.reconcile(mode, plan)
             jobs = self.jobs.snapshot(now)
