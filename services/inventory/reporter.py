@@ -41,7 +41,11 @@ class DemandReporter:
                                     px=int(self.period_s * 900)):
             return
         for cluster in sorted(text(c) for c in await self.redis.smembers(self.keys.clusters())):
-            await self.report(cluster)
+            try:
+                await self.report(cluster)
+            except Exception:
+                # One cluster's broken registration or API server never stops the others'.
+                log.exception("cluster %s: reporting its queued demand failed", cluster)
 
     async def report(self, cluster: str) -> None:
         """One cluster's pending jobs per pool; nothing (the entries lapse) if its backend

@@ -42,7 +42,9 @@ from tests.integration.test_kubernetes_remediation import (
 from tests.kube import SCOPE_LABEL, KubeScope, settled
 
 POOL = "default"
-HOLD_S = 3
+# The scale need's hold: longer than the scheduler's longest backoff (10 s) for a pod it
+# could not place, which the pending pod may wait out after its node arrives.
+HOLD_S = 12
 ENDED = ("succeeded", "failed", "terminated")
 # The pool's agents report half load (LOAD_PCT): inside the range. The pending 8-GPU pod is
 # 50 % of the pool's 16 GPUs up, which takes the effective utilisation to 100 %.
