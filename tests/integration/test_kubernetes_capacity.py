@@ -55,6 +55,9 @@ def env_for(kafka_bootstrap: str, redis_url: str, namespace: str, state: Path,
             kube_api: KubeAccess) -> dict[str, str]:
     return kube_env(kafka_bootstrap, redis_url, namespace, state, str(kube_api.kubeconfig),
                     needs='["scale"]', ANALYZER_SCALE__HOLD_S=str(HOLD_S),
+                    # A raised need stays open (not raised again) for a few seconds only:
+                    # machines that take longer than that to come up, as real ones may.
+                    ANALYZER_OPEN_NEED_TTL_S="5",
                     ANALYZER_POOL_PERIOD_S="1", INVENTORY_PERIOD_S="1",
                     SCHEDULER_RATE_PER_S="10")
 
