@@ -20,6 +20,7 @@ from agent.commands import CommandExecutor
 from agent.device import GpuProbe, NvmlProbe, open_probe
 from agent.faults import FaultPlan, read_faults, reports_paused
 from agent.host import HostSampler
+from agent.jobs.kube_node import ConditionRule
 from agent.jobs.kube_pods import KubePods
 from agent.jobs.pod_resources import PodResourcesClient
 from agent.jobs.processes import JobManager, job_args, job_specs
@@ -56,6 +57,8 @@ def make_jobs(settings: AgentSettings, state_dir: Path,
     if settings.kube_pods:
         kubelet = settings.pod_resources_socket
         return KubePods(settings.node_id, settings.gpus, settings.kubeconfig or None,
+                        ConditionRule(tuple(settings.node_fault_conditions),
+                                      settings.not_ready_after_s),
                         pod_resources=PodResourcesClient(kubelet) if kubelet else None,
                         gpu_uuids=gpu_uuids)
     if settings.simulated:

@@ -80,11 +80,13 @@ class Reporter:
     def build(self, now: datetime, plan: FaultPlan) -> NodeReport:
         """The report at `now`, with the plan's injected faults applied."""
         mode = self.journal.mode
+        faults: list[Fault] = []
         if isinstance(self.jobs, KubePods):
             # On Kubernetes the backend cordons the node and no command reaches its agent:
-            # the Node's claim says whether ClusterWarden took it offline.
+            # the Node's claim says whether ClusterWarden took it offline. Its conditions
+            # (not Ready, a problem detector's) are fault data.
             mode = self.jobs.mode(mode)
-        faults: list[Fault] = []
+            faults.extend(self.jobs.node_faults(now))
         try:
             self.jobs.reconcile(mode, plan)
             jobs = self.jobs.snapshot(now)

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
+from agent.jobs.kube_node import DEFAULT_FAULTY
 from common.settings import ServiceSettings
 from schemas.events.v1 import check_probe_address
 
@@ -63,6 +64,17 @@ class AgentSettings(ServiceSettings):
         description="With AGENT_JOBS=kube: the kubelet's pod-resources socket, asked which "
         "GPUs each pod holds; where it does not exist (or empty) each pod is given the next "
         "free GPU indices in name order, and its job says gpu_mapping in_name_order.",
+    )
+    # NoDecode: the env value is a comma-separated list of condition types, not JSON.
+    node_fault_conditions: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: list(DEFAULT_FAULTY),
+        description="With AGENT_JOBS=kube: the Node conditions that are fault data while "
+        "True (comma-separated; node-problem-detector's by default), beside Ready not True.",
+    )
+    not_ready_after_s: float = Field(
+        default=30.0, ge=0.0, le=3_600.0,
+        description="With AGENT_JOBS=kube: a Node Ready False or Unknown this long is fault "
+        "data (a joining node is NotReady while its network comes up).",
     )
     # One directory every node of the fleet reads and writes: migrate_job exports a job's
     # checkpoint there, start_job on the next node resumes from it.
@@ -165,6 +177,13 @@ class AgentSettings(ServiceSettings):
         if not self.simulated:
             return []
         return [name for name in self.jobs.removeprefix(SIMULATED_PREFIX).split(",") if name]
+
+    @field_validator("node_fault_conditions", mode="before")
+    @classmethod
+    def _split_conditions(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
 
     @field_validator("trusted_keys", mode="before")
     @classmethod

@@ -20,7 +20,7 @@ import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from schemas.kubernetes import GPU_COUNT_ANNOTATION
+from schemas.kubernetes import GPU_COUNT_ANNOTATION, POOL_LABEL
 from services.backends.kubernetes.actuator import CAPI_GROUP, CAPI_VERSION, MD_PLURAL
 from services.backends.kubernetes.connection import as_json
 from tests.waiting import Patience
@@ -71,15 +71,19 @@ class KubeScope:
         await self.core.create_namespace(manifest({"metadata": {"name": self.namespace}}))
 
     async def add_gpu_node(self, suffix: str, *, labels: dict[str, str] | None = None,
-                           cordoned: bool = False, name: str | None = None) -> str:
+                           cordoned: bool = False, name: str | None = None,
+                           annotations: dict[str, str] | None = None,
+                           kwok: bool = True) -> str:
         """A kwok node with 8 GPUs, Ready once kwok takes it up, named `<prefix>-<suffix>`
         (or `name`, for a test that needs a node's exact name: it is still this scope's, by
-        its label, and deleted with it)."""
+        its label, and deleted with it); `kwok` False: a node no kubelet plays, never Ready,
+        as a machine still booting."""
         name = name or f"{self.prefix}-{suffix}"
         resources = {"cpu": "32", "memory": "256Gi", "pods": "110",
                      "nvidia.com/gpu": GPUS_PER_NODE}
+        marks = {**({"kwok.x-k8s.io/node": "fake"} if kwok else {}), **(annotations or {})}
         await self.core.create_node(manifest({
-            "metadata": {"name": name, "annotations": {"kwok.x-k8s.io/node": "fake"},
+            "metadata": {"name": name, "annotations": marks,
                          "labels": {SCOPE_LABEL: self.prefix, "type": "kwok",
                                     "kubernetes.io/hostname": name, **(labels or {})}},
             "spec": {"unschedulable": cordoned},
@@ -88,12 +92,21 @@ class KubeScope:
         self.nodes.append(name)
         return name
 
+    async def set_condition(self, node: str, kind: str, status: str, *, reason: str = "",
+                            message: str = "") -> None:
+        """Sets one condition in the Node's status, as node-problem-detector does (the
+        others, kwok's Ready among them, are merged by type and kept)."""
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        await self.core.patch_node_status(node, {"status": {"conditions": [{
+            "type": kind, "status": status, "reason": reason, "message": message,
+            "lastHeartbeatTime": stamp, "lastTransitionTime": stamp}]}})
+
     async def add_gpu_statefulset(self, name: str, replicas: int, *, gpus: int = 1,
-                                  node: str | None = None,
+                                  node: str | None = None, pool: str | None = None,
                                   annotations: dict[str, str] | None = None) -> None:
         """Pods asking `gpus` GPUs each, on this scope's nodes (on `node` alone if named,
-        through node affinity the scheduler honours only at placement), with the pod
-        template's `annotations`."""
+        through node affinity the scheduler honours only at placement; on nodes of `pool`
+        alone if named, through their nodeSelector), with the pod template's `annotations`."""
         affinity = None
         if node is not None:
             affinity = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
@@ -108,7 +121,8 @@ class KubeScope:
                 "template": {
                     "metadata": {"labels": {"app": name}, "annotations": annotations or {}},
                     "spec": {
-                        "nodeSelector": {SCOPE_LABEL: self.prefix},
+                        "nodeSelector": {SCOPE_LABEL: self.prefix,
+                                         **({POOL_LABEL: pool} if pool else {})},
                         "tolerations": [KWOK_TOLERATION],
                         "affinity": affinity,
                         "terminationGracePeriodSeconds": 0,
@@ -140,19 +154,18 @@ class KubeScope:
                 "metadata": {"name": name, "annotations": {GPU_COUNT_ANNOTATION: str(gpus)}},
                 "spec": {"clusterName": self.prefix, "replicas": replicas}}))
 
+    async def set_machine_deployment_replicas(self, name: str, replicas: int) -> None:
+        # The client's stubs omit `_content_type`; a merge patch sets the one field.
+        patch: Any = client.CustomObjectsApi(self.api).patch_namespaced_custom_object
+        await patch(CAPI_GROUP, CAPI_VERSION, self.namespace, MD_PLURAL, name,
+                    {"spec": {"replicas": replicas}},
+                    _content_type="application/merge-patch+json")
+
     async def machine_deployment(self, name: str) -> dict[str, Any]:
         answer: dict[str, Any] = await client.CustomObjectsApi(
             self.api).get_namespaced_custom_object(CAPI_GROUP, CAPI_VERSION, self.namespace,
                                                    MD_PLURAL, name)
         return answer
-
-    async def set_node_condition(self, node: str, kind: str, status: str) -> None:
-        """Sets one condition of the node's status, as node-problem-detector does (the
-        others are kept: conditions merge by type)."""
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        await self.core.patch_node_status(node, {"status": {"conditions": [{
-            "type": kind, "status": status, "reason": f"Test{kind}", "message": "set by a test",
-            "lastHeartbeatTime": now, "lastTransitionTime": now}]}})
 
     async def node(self, name: str) -> dict[str, Any]:
         return as_json(self.api, await self.core.read_node(name))

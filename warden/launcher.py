@@ -13,7 +13,7 @@ from pathlib import Path
 # The order services start in: consumers of a topic before its producers is not needed
 # (consumers read from the earliest offset), so this is simply the order of the loop.
 SERVICES: tuple[str, ...] = ("collector", "analyzer", "templater", "scheduler", "executor",
-                             "store", "router", "alerts", "tuner")
+                             "store", "router", "alerts", "tuner", "inventory")
 
 
 # The operators' API runs under uvicorn, not FastStream. `warden up` and the demo start it with

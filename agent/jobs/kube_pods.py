@@ -28,9 +28,10 @@ from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from agent.faults import FaultPlan
+from agent.jobs.kube_node import ConditionRule, condition_faults
 from agent.jobs.pod_resources import PodResourcesClient, pod_gpu_indices
 from agent.jobs.runner import JobState
-from schemas.events.v1 import JobInfo, NodeMode
+from schemas.events.v1 import Fault, JobInfo, NodeMode
 from schemas.kubernetes import GPU_RESOURCE, OFFLINE_ANNOTATION
 
 log = logging.getLogger("clusterwarden.agent.kube")
@@ -99,12 +100,14 @@ def node_mode(node: Mapping[str, Any] | None, journaled: NodeMode) -> NodeMode:
 class KubePods:
     """The job source of an agent on a Kubernetes node: its GPU pods, kept by list + watch."""
 
-    def __init__(self, node_id: str, gpus: int, kubeconfig: str | None, *,
+    def __init__(self, node_id: str, gpus: int, kubeconfig: str | None,
+                 conditions: ConditionRule | None = None, *,
                  pod_resources: PodResourcesClient | None = None,
                  gpu_uuids: Sequence[str] = ()) -> None:
         self.node_id = node_id
         self.gpus = gpus
         self.kubeconfig = kubeconfig
+        self.conditions = conditions or ConditionRule()
         self.pods: dict[str, dict[str, Any]] = {}
         self.node: dict[str, Any] | None = None
         self.pod_resources = pod_resources
@@ -132,6 +135,10 @@ class KubePods:
 
     def mode(self, journaled: NodeMode) -> NodeMode:
         return node_mode(self.node, journaled)
+
+    def node_faults(self, now: datetime) -> list[Fault]:
+        """The Node's conditions that are fault data (not Ready, a problem detector's)."""
+        return condition_faults(self.node, self.conditions, now)
 
     def close(self) -> None:
         # Called from a worker thread (the agent keeps blocking closes off its loop).

@@ -132,6 +132,20 @@ class Inventory:
         return sum(pod.gpus for pod in self.pending)
 
 
+@dataclass(frozen=True)
+class PoolDemand:
+    """A pool's queued demand as its orchestrator sees it: the work no node took yet, net of
+    the capacity already asked for and on its way."""
+
+    pool: str
+    items: int
+    """Jobs (pods) waiting for a node."""
+    gpus: int
+    """The GPUs they would take, less `on_the_way` (never below 0)."""
+    on_the_way: int = 0
+    """GPUs already asked for and not schedulable yet (nodes coming up)."""
+
+
 class Backend(Protocol):
     """The operations templates' step actions need, as one cluster's backend does them."""
 
@@ -158,6 +172,11 @@ class Backend(Protocol):
         ...
 
     async def inventory(self) -> Inventory: ...
+
+    async def queued_demand(self, default_pool: str) -> tuple[PoolDemand, ...]:
+        """Each pool's jobs waiting for a node (work with no pool named is `default_pool`'s),
+        net of the capacity on its way: what the scale need counts as queued demand."""
+        ...
 
 
 class BackendError(Exception):

@@ -61,17 +61,12 @@ from services.backends.base import (
     Outcome,
     StepRef,
 )
-from services.backends.budget import TokenBucket
+from services.backends.opened import OpenedBackends, Opener
 from services.executor.cluster_view import ClusterView
 from services.executor.health import RECHECK_S, judge
 from services.executor.ports import CentreResult, Completed, Failed
 from services.shared.redis_client import Keys
-from services.shared.registry import (
-    ClusterBackend,
-    cluster_backend,
-    deregister_nodes,
-    register_nodes,
-)
+from services.shared.registry import cluster_backend, deregister_nodes, register_nodes
 
 log = logging.getLogger("clusterwarden.executor.backends")
 
@@ -80,21 +75,6 @@ BACKEND_ACTIONS = (DrainNode, UndrainNode, OfflineNode, OnlineNode, MigrateJobs,
 # A step's backend call must end before the step's deadline, or the deadline sweep would run
 # the step again beside it: the drain gets this share of the step's time.
 DRAIN_SHARE = 0.8
-
-Opener = Callable[[ClusterBackend], Awaitable[Backend]]
-
-
-async def open_kubernetes(config: ClusterBackend) -> Backend:
-    """The Kubernetes backend of a cluster, with its eviction budget (the caller closes it)."""
-    from services.backends.kubernetes.actuator import CapacitySource
-    from services.backends.kubernetes.backend import KubernetesBackend
-    from services.backends.kubernetes.connection import KubeAccess
-
-    access = KubeAccess(kubeconfig=config.kubeconfig or None, context=config.context or None)
-    budget = TokenBucket(config.evictions_per_s, config.eviction_burst)
-    capacity = CapacitySource(config.capacity, config.capacity_namespace)
-    return await KubernetesBackend.open(access, budget, capacity=capacity)
-
 
 def step_ref(task: OpsTask, index: int) -> StepRef:
     """What a backend's writes record: the task and its step (index and name)."""
@@ -225,9 +205,7 @@ class ClusterBackends:
         self.view = ClusterView(redis, keys)
         self.clock = clock
         self.sleep = sleep
-        self.openers: dict[str, Opener] = openers or {"kubernetes": open_kubernetes}
-        self._open: dict[str, tuple[ClusterBackend, Backend]] = {}
-        self._lock = asyncio.Lock()
+        self.opened = OpenedBackends(redis, keys, openers=openers)
 
     async def handles(self, task: OpsTask, step: Step) -> bool:
         if not isinstance(step.action, BACKEND_ACTIONS):
@@ -237,17 +215,7 @@ class ClusterBackends:
 
     async def backend(self, cluster: str) -> Backend:
         """The cluster's opened backend (opened again if its registration changed)."""
-        config = await cluster_backend(self.redis, self.keys, cluster)
-        async with self._lock:
-            opened = self._open.get(cluster)
-            if opened is not None and opened[0] == config:
-                return opened[1]
-            if opened is not None:
-                await _close(opened[1])
-                del self._open[cluster]
-            backend = await self.openers[config.kind](config)
-            self._open[cluster] = (config, backend)
-            return backend
+        return await self.opened.backend(cluster)
 
     async def run(self, task: OpsTask, index: int, command_id: UUID,
                   dry_run: bool) -> CentreResult:
@@ -357,16 +325,4 @@ class ClusterBackends:
         return settle_drain(result, before, after)
 
     async def close(self) -> None:
-        async with self._lock:
-            for _, backend in self._open.values():
-                await _close(backend)
-            self._open.clear()
-
-
-async def _close(backend: Backend) -> None:
-    close = getattr(backend, "close", None)
-    if close is not None:
-        try:
-            await close()
-        except Exception:  # closing must never be why a step fails
-            log.exception("closing a backend failed")
+        await self.opened.close()

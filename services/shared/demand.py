@@ -13,9 +13,9 @@ Sources:
 * `ops_tasks`: ops tasks the scheduler has queued and not dispatched, read from its queue
   by the analyzer (items only: an ops task is not GPU work, but capacity must not be
   removed under it).
-* `pending_jobs`: jobs the orchestrator has admitted and not placed. No backend reports them
-  yet; one that can (Slurm's pending jobs, Kubernetes' unschedulable pods) calls
-  `report_demand(..., source=PENDING_JOBS, ...)` every period with its pool's count and GPUs.
+* `pending_jobs`: jobs the orchestrator has admitted and not placed, reported by the
+  inventory service (services/inventory) from each non-local cluster's backend
+  (`Backend.queued_demand`: on Kubernetes the pending GPU pods, net of the GPUs on their way).
 """
 
 from __future__ import annotations

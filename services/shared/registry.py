@@ -55,7 +55,8 @@ class ClusterBackend:
     `eviction_burst`): the cluster's eviction budget, explicit and per cluster. Its
     `add_capacity`/`remove_capacity` take nodes from its standby pool (`capacity` standby), or
     scale the pool's Cluster API MachineDeployment, named as the pool, in `capacity_namespace`
-    (`capacity` machinedeployment).
+    (`capacity` machinedeployment). Work that names no pool (a pending pod selecting no
+    `clusterwarden.io/pool`) waits for `default_pool`, the pool its agents report in.
     """
 
     kind: BackendKind = "local"
@@ -65,6 +66,7 @@ class ClusterBackend:
     eviction_burst: int = 5
     capacity: CapacityKind = "standby"
     capacity_namespace: str = "default"
+    default_pool: str = "default"
 
     def __post_init__(self) -> None:
         if self.kind not in BACKEND_KINDS:
@@ -74,6 +76,8 @@ class ClusterBackend:
                              f"{CAPACITY_KINDS}")
         if self.evictions_per_s <= 0 or self.eviction_burst < 1:
             raise ValueError("an eviction budget needs a positive rate and a burst of at least 1")
+        if not self.default_pool:
+            raise ValueError("a cluster's default pool needs a name")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

@@ -1,27 +1,32 @@
-"""Capacity of a Kubernetes cluster end to end, on the real API server (kwok nodes, the real
-scheduler), Kafka, Redis and every service as a process.
+"""Capacity of a Kubernetes cluster end to end (issue 14, test 3), on the real API server (kwok
+nodes, the real scheduler), Kafka, Redis and every service as a process.
 
-Two kwok nodes run a GPU StatefulSet whose third pod fits nowhere (pending: queued demand) and
-their agents report the pool above its range: the analyzer raises scale_out, and the
-executor's add_capacity step goes through the cluster's backend. With the standby pool, the
-standby node is uncordoned (with the task's record on it) and the pending pod is scheduled
-there. With a Cluster API MachineDeployment, its replicas grow by the machines the pending
-GPUs need; the test plays the infrastructure and creates the new machine's Node, where the
-pod is scheduled.
+Two kwok nodes run a GPU StatefulSet whose third pod fits nowhere (pending), and their agents
+report the pool at half load, inside its range: only the pending pod, which the inventory
+service reports as queued demand (`pending_jobs`), pushes the pool's effective utilisation
+over the range. The analyzer raises scale_out, and the executor's add_capacity step goes
+through the cluster's backend. With the standby pool, the standby node is uncordoned (with the
+task's record on it) and the pending pod is scheduled there. With a Cluster API
+MachineDeployment, its replicas grow by the machines the pending GPUs need; while the machine
+comes up its GPUs are on their way and come off the queued demand, so no second scale-out is
+asked for the same pod; the test plays the infrastructure and creates the new machine's Node,
+where the pod is scheduled.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 from agent import fleet
-from schemas.events.v1 import OpsTask, TaskEvent
+from schemas.events.v1 import OpsNeed, OpsTask, PoolHealth, TaskEvent
 from schemas.kubernetes import CAPACITY_ANNOTATION, STANDBY_LABEL
 from schemas.topics import Topic
 from services.backends.kubernetes.connection import KubeAccess
+from services.shared.demand import PENDING_JOBS, DemandEntry, parse_entries
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.registry import registered_nodes
 from tests.integration.harness import Record, Tap
@@ -37,16 +42,27 @@ from tests.integration.test_kubernetes_remediation import (
 from tests.kube import SCOPE_LABEL, KubeScope, settled
 
 POOL = "default"
-# Above the pool's range from the first report: the scale need holds.
-HOT_PCT = 90.0
+# The scale need's hold: longer than the scheduler's longest backoff (10 s) for a pod it
+# could not place, which the pending pod may wait out after its node arrives.
+HOLD_S = 12
 ENDED = ("succeeded", "failed", "terminated")
+# The pool's agents report half load (LOAD_PCT): inside the range. The pending 8-GPU pod is
+# 50 % of the pool's 16 GPUs up, which takes the effective utilisation to 100 %.
+PENDING_DEMAND_PCT = 50.0
 
 
 def env_for(kafka_bootstrap: str, redis_url: str, namespace: str, state: Path,
             kube_api: KubeAccess) -> dict[str, str]:
     return kube_env(kafka_bootstrap, redis_url, namespace, state, str(kube_api.kubeconfig),
-                    needs='["scale"]', ANALYZER_SCALE__HOLD_S="3", ANALYZER_POOL_PERIOD_S="1",
+                    needs='["scale"]', ANALYZER_SCALE__HOLD_S=str(HOLD_S),
+                    # A raised need stays open (not raised again) for a few seconds only:
+                    # machines that take longer than that to come up, as real ones may.
+                    ANALYZER_OPEN_NEED_TTL_S="5",
+                    ANALYZER_POOL_PERIOD_S="1", INVENTORY_PERIOD_S="1",
                     SCHEDULER_RATE_PER_S="10")
+
+
+TOPICS = (Topic.OPS_POOL_HEALTH, Topic.OPS_NEEDS)
 
 
 async def two_full_nodes_and_a_pending_pod(kube: KubeScope) -> tuple[list[str], str]:
@@ -88,27 +104,60 @@ def scale_out_tasks(watch: Tap) -> dict[UUID, list[TaskEvent]]:
     return {task_id: [e for e in parsed if e.task_id == task_id] for task_id in ids}
 
 
-async def first_scale_out(watch: Tap, state: Path,
-                          nodes: list[str]) -> tuple[list[TaskEvent], OpsTask]:
-    """The pool's first scale_out task, once it ended (succeeded); the load then drops, as
-    the added capacity takes the queued work."""
+def scale_out_needs(watch: Tap) -> list[OpsNeed]:
+    return [need for r in watch.records if r.topic.endswith(Topic.OPS_NEEDS.value)
+            if (need := OpsNeed.model_validate_json(r.value)).kind == "scale_out"
+            and need.target == POOL]
+
+
+def healths(watch: Tap, start: int = 0) -> list[PoolHealth]:
+    """The pool's health, one per analysis period, from record `start` on."""
+    return [h for r in watch.records[start:] if r.topic.endswith(Topic.OPS_POOL_HEALTH.value)
+            if (h := PoolHealth.model_validate_json(r.value)).pool == POOL]
+
+
+async def first_scale_out(watch: Tap) -> tuple[list[TaskEvent], OpsTask]:
+    """The pool's first scale_out task, once it ended (succeeded), raised by the pending
+    pod's demand: the pool's own load was inside its range."""
     def first_ended(_: Record) -> bool:
         tasks = list(scale_out_tasks(watch).values())
         return bool(tasks) and any(e.step_state is None and e.state in ENDED
                                    for e in tasks[0])
 
     await watch.wait_for(first_ended, TASK_TIMEOUT_S, "the first scale_out task to end")
-    for node in nodes:
-        fleet.inject_fault(state, node, load_pct=LOAD_PCT)
     events = next(iter(scale_out_tasks(watch).values()))
     assert final(events).state == "succeeded", story(events)
     plan = next(e.task for e in events if e.task is not None)
     assert plan is not None
     assert [s.action.action for s in plan.steps] == ["add_capacity", "migrate_jobs"]
+    detail = plan.evidence[0].detail
+    assert f"{PENDING_DEMAND_PCT:.1f}% demand (1 pending_jobs)" in detail, detail
+    assert plan.evidence[0].value > 80.0, detail
+    # The pool's own load never left the range: the queued demand raised the need.
+    assert max(h.gpu_utilization_pct for h in healths(watch)) < 80.0, detail
     return events, plan
 
 
-async def test_pending_gpu_pods_in_a_hot_pool_get_a_standby_node_uncordoned(
+async def pending_jobs(redis_url: str, namespace: str) -> DemandEntry | None:
+    """The inventory's queued demand entry for the pool."""
+    redis = connect_redis(redis_url)
+    try:
+        raw = await redis.hgetall(Keys(namespace).demand_sources("itest", POOL))
+    finally:
+        await redis.aclose()
+    return parse_entries(raw).get(PENDING_JOBS)
+
+
+async def periods(watch: Tap, count: int, what: str, *, start: int,
+                  load: Callable[[float], bool]) -> None:
+    """Waits for `count` analysis periods (from record `start` on) whose pool load
+    satisfies `load`; the needs of every period before the last are published by then."""
+    await watch.wait_for(
+        lambda _: len([h for h in healths(watch, start) if load(h.gpu_utilization_pct)])
+        >= count, TASK_TIMEOUT_S, what)
+
+
+async def test_pending_gpu_pods_get_a_standby_node_uncordoned_and_run_there(
     kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path,
     kube: KubeScope, kube_api: KubeAccess,
 ) -> None:
@@ -120,8 +169,8 @@ async def test_pending_gpu_pods_in_a_hot_pool_get_a_standby_node_uncordoned(
     used = await kube.add_gpu_node("used", labels={STANDBY_LABEL: "true",
                                                    SCOPE_LABEL: f"{kube.prefix}-other"})
     env = env_for(kafka_bootstrap, redis_url, namespace, tmp_path, kube_api)
-    async with kube_cluster(env, tmp_path, kube_api, nodes, load_pct=HOT_PCT) as watch:
-        events, plan = await first_scale_out(watch, tmp_path, nodes)
+    async with kube_cluster(env, tmp_path, kube_api, nodes, topics=TOPICS) as watch:
+        events, plan = await first_scale_out(watch)
         added = step_outputs(events, "add_capacity")
         assert added["backend"] == "kubernetes", added
         assert (added["added"], added["added_nodes"]) == (1, standby), added
@@ -146,30 +195,55 @@ async def test_pending_gpu_pods_in_a_hot_pool_get_a_standby_node_uncordoned(
         assert CAPACITY_ANNOTATION not in (left["metadata"].get("annotations") or {})
 
 
-async def test_pending_gpu_pods_in_a_hot_pool_grow_its_machine_deployment(
+async def test_pending_gpu_pods_grow_the_machine_deployment_once_while_the_machine_comes_up(
     kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path,
     kube: KubeScope, kube_api: KubeAccess,
 ) -> None:
     nodes, pending = await two_full_nodes_and_a_pending_pod(kube)
     await kube.add_machine_deployment(POOL, replicas=2, gpus=8)
     env = env_for(kafka_bootstrap, redis_url, namespace, tmp_path, kube_api)
-    async with kube_cluster(env, tmp_path, kube_api, nodes, load_pct=HOT_PCT,
-                            capacity="machinedeployment",
-                            capacity_namespace=kube.namespace) as watch:
-        async def grown() -> bool:
-            md = await kube.machine_deployment(POOL)
-            return int(md["spec"]["replicas"]) >= 3
-
-        await settled(grown, "the MachineDeployment's replicas grown", timeout_s=120.0)
-        # The infrastructure provider's part: the new machine's Node joins.
-        machine = await kube.add_gpu_node("machine-3")
-        events, _ = await first_scale_out(watch, tmp_path, nodes)
+    async with kube_cluster(env, tmp_path, kube_api, nodes, capacity="machinedeployment",
+                            capacity_namespace=kube.namespace, topics=TOPICS) as watch:
+        events, plan = await first_scale_out(watch)
         added = step_outputs(events, "add_capacity")
         assert added["backend"] == "kubernetes", added
         # One 8-GPU machine covers the pending pod's 8 GPUs.
         assert (added["replicas_before"], added["replicas_after"]) == (2, 3), added
         assert added["outcome"] == "applied", added
-        # The record on it is a scale_out task's (this one, unless a later one scaled again).
         record = record_on(await kube.machine_deployment(POOL))
-        assert UUID(record["task_id"]) in scale_out_tasks(watch), record
+        assert record["task_id"] == str(plan.task_id), record
+
+        # The machine is on its way (no Node yet): its 8 GPUs come off the pending pod's, which
+        # still waits (an item: no scale-in under it).
+        async def netted() -> DemandEntry | None:
+            entry = await pending_jobs(redis_url, namespace)
+            return entry if entry is not None and entry.gpus == 0.0 else None
+
+        entry = await settled(netted, "the pending pod's GPUs netted by the machine coming")
+        assert entry.items == 1
+        assert [p["metadata"]["name"] for p in await kube.pods()
+                if not p["spec"].get("nodeName")] == [pending]
+        # The pool's load dips, then comes back: the scale need's episode ends and a new one
+        # begins. Only the demand net of the machine on its way keeps it inside the range.
+        start = len(watch.records)
+        for node in nodes:
+            fleet.inject_fault(tmp_path, node, load_pct=10.0)
+        await periods(watch, 2, "two periods at the dipped load", start=start,
+                      load=lambda pct: pct < 20.0)
+        start = len(watch.records)
+        for node in nodes:
+            fleet.inject_fault(tmp_path, node, load_pct=LOAD_PCT)
+        await periods(watch, HOLD_S + 3, "the scale need's hold over at the load back",
+                      start=start, load=lambda pct: pct > 40.0)
+        await watch.catch_up()
+        back = [h for h in healths(watch, start) if h.gpu_utilization_pct > 40.0]
+        assert {h.demand_pct for h in back} == {0.0}, back
+        assert len(scale_out_needs(watch)) == 1, scale_out_needs(watch)
+        assert list(scale_out_tasks(watch)) == [plan.task_id]
+
+        # The infrastructure provider's part: the new machine's Node joins; the pod runs there.
+        machine = await kube.add_gpu_node("machine-3")
         await pod_runs_on(kube, pending, machine)
+        await watch.catch_up()
+        assert list(scale_out_tasks(watch)) == [plan.task_id]
+        assert int((await kube.machine_deployment(POOL))["spec"]["replicas"]) == 3

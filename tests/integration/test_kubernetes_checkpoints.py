@@ -228,7 +228,7 @@ async def test_no_execute_from_the_template_and_online_only_once_the_node_is_hea
         assert step_outputs(offline, "offline_node")["outcome"] == "applied"
 
         # A node-problem detector still reports the GPU bad when the agent's fault clears.
-        await kube.set_node_condition(bad, "GPUProblem", "True")
+        await kube.set_condition(bad, "GPUProblem", "True", reason="TestGPUProblem")
         fleet.clear_faults(tmp_path, bad)
         fleet.inject_fault(tmp_path, bad, load_pct=LOAD_PCT)
 
@@ -245,7 +245,7 @@ async def test_no_execute_from_the_template_and_online_only_once_the_node_is_hea
         await watch_.catch_up()
         assert not finished(watch_, bad, "online"), story(task_events(watch_, bad, "online"))
 
-        await kube.set_node_condition(bad, "GPUProblem", "False")
+        await kube.set_condition(bad, "GPUProblem", "False", reason="TestGPUProblem")
         await claimed_gone(kube, bad)
         online, _ = await task_ended(watch_, bad, "online", "succeeded")
         outputs = step_outputs(online, "online_node")

@@ -84,9 +84,11 @@ def start_kube_agents(env: dict[str, str], state: Path, nodes: list[str], public
 async def kube_cluster(env: dict[str, str], state: Path, kube_api: KubeAccess,
                        nodes: list[str], *, load_pct: float = LOAD_PCT,
                        capacity: CapacityKind = "standby",
-                       capacity_namespace: str = "default") -> AsyncIterator[Tap]:
+                       capacity_namespace: str = "default",
+                       topics: tuple[Topic, ...] = ()) -> AsyncIterator[Tap]:
     """The services, cluster `itest` registered with the kubernetes backend, an agent per
-    kwok node reading that node's pods, and a tap on task events, node states and reports."""
+    kwok node reading that node's pods, and a tap on task events and node states (and
+    `topics`)."""
     _, public = ensure_keypair(state / "keys")
     namespace = env["WARDEN_NAMESPACE"]
     await register_kube_cluster(env, kube_api, nodes, capacity=capacity,
@@ -96,7 +98,8 @@ async def kube_cluster(env: dict[str, str], state: Path, kube_api: KubeAccess,
             start_kube_agents(env, state, nodes, public, load_pct=load_pct)
             async with tap(env["KAFKA_BOOTSTRAP_SERVERS"],
                            name(Topic.OPS_TASK_EVENTS, namespace),
-                           name(Topic.OPS_NODE_STATE, namespace)) as watch:
+                           name(Topic.OPS_NODE_STATE, namespace),
+                           *(name(t, namespace) for t in topics)) as watch:
                 for node in nodes:
                     await watch.wait_for(is_up(node), 60, f"{node} up")
                 yield watch
@@ -258,6 +261,30 @@ async def test_a_fatal_xid_drains_and_offlines_the_node_and_its_repair_brings_it
         assert not node["spec"].get("unschedulable")
         assert our_taints(node) == []
         assert claim_of(node) is None
+
+
+async def test_a_problem_condition_on_the_node_is_fault_data_that_takes_it_offline(
+    kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path,
+    kube: KubeScope, kube_api: KubeAccess,
+) -> None:
+    bad, good = await a_bad_node_and_two_good(kube, min_available=0)
+    env = kube_env(kafka_bootstrap, redis_url, namespace, tmp_path, str(kube_api.kubeconfig),
+                   AGENT_NODE_FAULT_CONDITIONS="GPUProblem,KernelDeadlock")
+    async with kube_cluster(env, tmp_path, kube_api, [bad, *good]) as watch:
+        # No fault in the agent's own readings: only the Node says something is wrong, as
+        # a node-problem-detector would.
+        await kube.set_condition(bad, "GPUProblem", "True", reason="GpuHealthCheckFailed",
+                                 message="gpu 3 fell off the bus")
+        offline, plan = await task_ended(watch, bad, "offline", "succeeded")
+        evidence = " ".join(e.detail for e in plan.evidence)
+        assert "node_condition [GPUProblem=True: GpuHealthCheckFailed" in evidence, evidence
+        assert step_outputs(offline, "drain_node")["evicted"] == 2
+        node = await kube.node(bad)
+        assert node["spec"]["unschedulable"] is True
+        assert str(plan.task_id) in str(claim_of(node))
+        # The other nodes' conditions say nothing wrong: they were left alone.
+        for other in good:
+            assert claim_of(await kube.node(other)) is None
 
 
 async def test_a_node_a_person_cordoned_is_left_as_they_left_it_and_nothing_is_evicted(

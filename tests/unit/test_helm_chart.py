@@ -142,17 +142,26 @@ def test_the_rbac_is_deploy_kubernetes_rbac_yaml(rendered: list[dict[str, Any]])
     assert f"{PREFIX}-backend" in by_kind(rendered, "ServiceAccount")
 
 
-def test_only_the_executor_and_the_agents_get_api_credentials(
+def test_only_the_executor_the_inventory_and_the_agents_get_api_credentials(
         rendered: list[dict[str, Any]]) -> None:
     for name, deployment in by_kind(rendered, "Deployment").items():
         pod = deployment["spec"]["template"]["spec"]
         if name == f"{PREFIX}-executor":
             assert pod["serviceAccountName"] == f"{PREFIX}-backend"
+        elif name == f"{PREFIX}-inventory":
+            assert pod["serviceAccountName"] == f"{PREFIX}-inventory"
         else:
             assert pod["automountServiceAccountToken"] is False, name
     agent_role = by_kind(rendered, "ClusterRole")[f"{PREFIX}-agent"]
     verbs = {v for rule in agent_role["rules"] for v in rule["verbs"]}
     assert verbs == {"list", "watch"}
+    # The inventory only reads.
+    inventory_role = by_kind(rendered, "ClusterRole")[f"{PREFIX}-inventory"]
+    assert {v for rule in inventory_role["rules"] for v in rule["verbs"]} == {
+        "list", "watch", "get"}
+    binding = by_kind(rendered, "ClusterRoleBinding")[f"{PREFIX}-inventory"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": f"{PREFIX}-inventory",
+                                    "namespace": NAMESPACE}]
 
 
 def test_the_ranges_configmap_is_what_the_analyzer_reads(

@@ -39,6 +39,9 @@ def register(
              "(a MachineDeployment named as the pool).")] = "standby",
     capacity_namespace: Annotated[str, typer.Option(
         help="kubernetes: the namespace of the pools' MachineDeployments.")] = "default",
+    default_pool: Annotated[str, typer.Option(
+        help="kubernetes: the pool of pending pods that select no clusterwarden.io/pool "
+             "(the pool the agents report in).")] = "default",
 ) -> None:
     """Register WARDEN_CLUSTER_ID with its backend, and enrol NODES."""
     settings = service_settings()
@@ -47,7 +50,8 @@ def register(
                                 kubeconfig=kubeconfig, context=context,
                                 evictions_per_s=evictions_per_s, eviction_burst=eviction_burst,
                                 capacity=capacity,  # type: ignore[arg-type]  # checked too
-                                capacity_namespace=capacity_namespace)
+                                capacity_namespace=capacity_namespace,
+                                default_pool=identifier(default_pool))
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--backend/--capacity") from err
     asyncio.run(name_backend(settings.redis_url, settings.namespace, settings.cluster_id, config))

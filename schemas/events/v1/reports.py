@@ -20,8 +20,10 @@ from schemas.events.v1.values import (
 GpuSource = Literal["nvml", "simulated"]
 # disk_full and memory_pressure are the analyzer's reading of host metrics out of range.
 # partitioned is the collector's reading of peer probes: peers cannot reach a node that reports.
+# node_condition: on Kubernetes, the agent's Node says it is not Ready, or carries a condition
+# of the node-problem-detector kind (GPUProblem, KernelDeadlock, ...) that is True.
 FaultKind = Literal["xid", "ecc", "hung_job", "probe_failed", "heartbeat_missed", "agent",
-                    "disk_full", "memory_pressure", "partitioned"]
+                    "disk_full", "memory_pressure", "partitioned", "node_condition"]
 ModelState = Literal["loading", "ready", "failed"]
 # The job states in which a job can be moved to another node (checkpointing, stopped, failed
 # and hung jobs are not doing work that another node could take over as it is).

@@ -30,6 +30,7 @@ from services.backends.kubernetes.capacity import (
     taking,
 )
 from services.backends.kubernetes.connection import MERGE_PATCH, call, dry_run_args
+from services.backends.kubernetes.demand import machines_on_the_way
 from services.backends.kubernetes.drain import Drainer
 from services.backends.kubernetes.nodes import CONFLICT_TRIES, apply
 
@@ -136,17 +137,33 @@ class MachineDeployments:
         self._cache = cache
         self._namespace = namespace
 
-    async def _read(self, name: str) -> MachineDeploymentView:
+    async def find(self, name: str) -> MachineDeploymentView | None:
+        """The MachineDeployment named `name` in the capacity namespace, or None."""
         try:
             obj = await call(f"read machinedeployment {self._namespace}/{name}",
                              lambda: self._custom.get_namespaced_custom_object(
                                  CAPI_GROUP, CAPI_VERSION, self._namespace, MD_PLURAL, name))
         except ApiException as err:
             if err.status == 404:
-                raise BackendError(f"no MachineDeployment {self._namespace}/{name} for pool "
-                                   f"{name}") from err
+                return None
             raise
         return MachineDeploymentView.of(obj)
+
+    async def _read(self, name: str) -> MachineDeploymentView:
+        md = await self.find(name)
+        if md is None:
+            raise BackendError(f"no MachineDeployment {self._namespace}/{name} for pool {name}")
+        return md
+
+    async def on_the_way(self, pool: str, default_pool: str) -> int:
+        """GPUs of the pool's machines asked for whose Nodes have not arrived (0 without a
+        MachineDeployment for the pool)."""
+        md = await self.find(pool)
+        if md is None:
+            return 0
+        machines = machines_on_the_way(md.replicas, self._cache.nodes.values(), pool,
+                                       default_pool)
+        return machines * (md.gpus_per_machine or self._node_gpus())
 
     def _node_gpus(self) -> int:
         """The largest GPU node's allocatable: a new machine's size when the

@@ -20,12 +20,14 @@ from services.backends.base import (
     Inventory,
     NodeResult,
     Outcome,
+    PoolDemand,
     StepRef,
 )
 from services.backends.budget import TokenBucket
 from services.backends.kubernetes.actuator import CapacitySource, MachineDeployments, StandbyPool
 from services.backends.kubernetes.cache import WATCH_TIMEOUT_S, ClusterCache
 from services.backends.kubernetes.connection import KubeAccess, connect
+from services.backends.kubernetes.demand import net_demand, queued_by_pool, standby_on_the_way
 from services.backends.kubernetes.drain import Drainer
 from services.backends.kubernetes.nodes import apply
 from services.backends.kubernetes.protocol import (
@@ -110,3 +112,16 @@ class KubernetesBackend:
 
     async def inventory(self) -> Inventory:
         return self.cache.inventory()
+
+    async def queued_demand(self, default_pool: str) -> tuple[PoolDemand, ...]:
+        """The pending GPU pods per pool (demand.py), less the GPUs on their way: standby
+        nodes added and not arrived, or a MachineDeployment's machines without a Node yet."""
+        queued = queued_by_pool(list(self.cache.pods.values()), default_pool)
+        coming = standby_on_the_way(list(self.cache.nodes.values()))
+        answers = []
+        for pool, (items, gpus) in sorted(queued.items()):
+            on_the_way = coming.get(pool, 0)
+            if self.capacity.kind == "machinedeployment" and gpus > 0:
+                on_the_way += await self._machines.on_the_way(pool, default_pool)
+            answers.append(net_demand(pool, items, gpus, on_the_way))
+        return tuple(answers)

@@ -31,6 +31,7 @@ from services.backends.base import (
     NodeResult,
     Outcome,
     PodMove,
+    PoolDemand,
     StepRef,
 )
 from services.executor.backend_steps import ClusterBackends
@@ -100,6 +101,9 @@ class RecordingBackend:
                                   ready=conditions.get("Ready") == "True",
                                   conditions=conditions))
         return Inventory(nodes=tuple(nodes), pods_by_node={}, pending=())
+
+    async def queued_demand(self, default_pool: str) -> tuple[PoolDemand, ...]:
+        return ()
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """`helm install` of the chart into the real API server (deploy/local/kubernetes.sh): the API
 server validates and admits every object, kwok runs the pods on GPU nodes of this test's own,
 and every Deployment, the agent DaemonSet and the RBAC exist as `helm template` rendered them;
-the live authorizer gives the chart's backend account exactly the backend's verbs."""
+the live authorizer gives the chart's backend account exactly the backend's verbs, and its
+inventory account only reads."""
 
 from __future__ import annotations
 
@@ -92,6 +93,7 @@ async def test_helm_install_creates_every_object_as_rendered(
         await _every_object_exists_as_rendered(kube, rendered)
         await _workloads_run(kube, rendered, nodes)
         await _the_backend_account_has_exactly_the_backends_verbs(kube, rendered)
+        await _the_inventory_account_only_reads(kube, rendered)
     finally:
         await asyncio.to_thread(helm.run, "uninstall", kube.prefix, "--namespace",
                                 kube.namespace, "--wait", check=False)
@@ -149,12 +151,27 @@ async def _workloads_run(kube: KubeScope, rendered: list[dict[str, Any]],
     assert all(p["status"]["phase"] == "Running" for p in pods)
 
 
+def _bound_user(rendered: list[dict[str, Any]], suffix: str) -> str:
+    (binding,) = (b for name, b in by_kind(rendered, "ClusterRoleBinding").items()
+                  if name.endswith(suffix))
+    (subject,) = binding["subjects"]
+    return f"system:serviceaccount:{subject['namespace']}:{subject['name']}"
+
+
+async def _the_inventory_account_only_reads(kube: KubeScope,
+                                            rendered: list[dict[str, Any]]) -> None:
+    user = _bound_user(rendered, "-inventory")
+    for resource, verb in (("nodes", "watch"), ("nodes", "list"), ("pods", "watch")):
+        assert await allowed(kube.api, user, verb, resource), (resource, verb)
+    assert await allowed(kube.api, user, "get", "machinedeployments", "cluster.x-k8s.io")
+    assert not await allowed(kube.api, user, "patch", "nodes")
+    assert not await allowed(kube.api, user, "create", "pods", subresource="eviction")
+    assert not await allowed(kube.api, user, "patch", "machinedeployments", "cluster.x-k8s.io")
+
+
 async def _the_backend_account_has_exactly_the_backends_verbs(
         kube: KubeScope, rendered: list[dict[str, Any]]) -> None:
-    (binding,) = (b for name, b in by_kind(rendered, "ClusterRoleBinding").items()
-                  if name.endswith("-backend"))
-    (subject,) = binding["subjects"]
-    user = f"system:serviceaccount:{subject['namespace']}:{subject['name']}"
+    user = _bound_user(rendered, "-backend")
     for resource, verb in (("nodes", "patch"), ("nodes", "watch"), ("pods", "list")):
         assert await allowed(kube.api, user, verb, resource), (resource, verb)
     assert await allowed(kube.api, user, "create", "pods", subresource="eviction")

@@ -58,12 +58,12 @@ def test_register_names_the_backend_and_enrols_the_nodes(redis_url: str, keys: K
     result = runner.invoke(app, ["cluster", "register", "--backend", "kubernetes",
                                  "--kubeconfig", "/etc/cw/east.kubeconfig",
                                  "--evictions-per-s", "2.5", "--eviction-burst", "3",
-                                 "node-a", "node-b"])
+                                 "--default-pool", "train", "node-a", "node-b"])
     assert result.exit_code == 0, result.output
     assert "backend kubernetes, 2 node(s) enrolled" in result.output
     assert backend_of("gpu-east") == ClusterBackend(
         kind="kubernetes", kubeconfig="/etc/cw/east.kubeconfig", evictions_per_s=2.5,
-        eviction_burst=3)
+        eviction_burst=3, default_pool="train")
     assert read(redis_url, lambda redis: registered_nodes(redis, keys, "gpu-east")) == [
         "node-a", "node-b"]
     assert backend_of("gpu-west") == LOCAL
@@ -71,6 +71,7 @@ def test_register_names_the_backend_and_enrols_the_nodes(redis_url: str, keys: K
     shown = runner.invoke(app, ["cluster", "show"])
     assert shown.exit_code == 0, shown.output
     assert json.loads(shown.output)["kind"] == "kubernetes"
+    assert json.loads(shown.output)["default_pool"] == "train"
 
     refused = runner.invoke(app, ["cluster", "register", "--backend", "slurm"])
     assert refused.exit_code != 0

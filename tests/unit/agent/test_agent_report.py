@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from agent.device import SimulatedProbe
 from agent.faults import FaultPlan
 from agent.host import HostSampler, NetCounters, net_rates
+from agent.jobs.kube_pods import KubePods
 from agent.jobs.simulated import TRAINING_RUN_S, SimulatedJobs
 from agent.journal import Journal
 from agent.report import Reporter
@@ -319,3 +320,18 @@ def test_new_settings_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AGENT_PEER_PROBES", "17")  # more than a report may carry
     with pytest.raises(ValidationError):
         AgentSettings()
+
+
+def test_a_kubernetes_nodes_conditions_are_fault_data_in_its_report(
+        journal: Journal, now: datetime) -> None:
+    pods = KubePods(NODE, 2, "/k/admin.kubeconfig")
+    pods.node = {"metadata": {"name": NODE}, "status": {"conditions": [
+        {"type": "Ready", "status": "True"},
+        {"type": "KernelDeadlock", "status": "True", "reason": "DockerHung"}]}}
+    source = Reporter(node_id=NODE, cluster_id="local", pool="default", interval_s=2.0,
+                      probe=SimulatedProbe(2, seed=1), host=HostSampler(), journal=journal,
+                      jobs=pods)
+    report = source.build(now, FaultPlan())
+    assert [(f.kind, f.detail) for f in report.faults] == [
+        ("node_condition", "KernelDeadlock=True: DockerHung")]
+    assert NodeReport.model_validate_json(report.model_dump_json()) == report

@@ -28,6 +28,8 @@ def xid(code: int, gpu_index: int = 0) -> Fault:
         pytest.param([xid(13), xid(94)], 2, "up", "reboot", "gpu", id="the fatal one counts"),
         pytest.param([HUNG], 2, "up", "drain", "node", id="hung job"),
         pytest.param([Fault(kind="probe_failed")], 2, "up", "drain", "node", id="failed probe"),
+        pytest.param([Fault(kind="node_condition", detail="GPUProblem=True")], 2, "up",
+                     "drain", "node", id="a Kubernetes node condition"),
         pytest.param([xid(79), HUNG], 2, "up", "replace", "node", id="gpu and node faults"),
         pytest.param([xid(79)], 5, "draining", None, None, id="already leaving service"),
         pytest.param([xid(79)], 5, "offline", None, None, id="already out of service"),

@@ -35,6 +35,8 @@ from services.collector.settings import CollectorSettings
 from services.executor import app as executor_app
 from services.executor.handlers import Executor
 from services.executor.settings import ExecutorSettings
+from services.inventory import app as inventory_app
+from services.inventory.settings import InventorySettings
 from services.router import app as router_app
 from services.router.handlers import ReportFeed, Router
 from services.router.settings import RouterSettings
@@ -128,6 +130,11 @@ SERVICES: dict[str, Service] = {
          Wire(Topic.NODE_COMMAND_RESULTS, "wiring.router-results", Router, "on_result"),
          Wire(Topic.NODE_REPORTS, "wiring.router-registry", ReportFeed, "on_reports",
               batch=True))),
+    # Reads no topic: it reports the clusters' pending pods to Redis (services/inventory).
+    "inventory": Service(
+        lambda state: inventory_app.create_app(
+            InventorySettings(namespace=NAMESPACE, state_dir=str(state))),
+        ()),
     "agent": Service(
         agent,
         # Commands are checked against a 16 KiB limit before parsing.

@@ -35,6 +35,10 @@ app.kubernetes.io/component: {{ .component }}
 {{- .Values.agentServiceAccount.name | default (printf "%s-agent" (include "clusterwarden.fullname" .)) -}}
 {{- end -}}
 
+{{- define "clusterwarden.inventoryServiceAccount" -}}
+{{- .Values.inventoryServiceAccount.name | default (printf "%s-inventory" (include "clusterwarden.fullname" .)) -}}
+{{- end -}}
+
 {{- define "clusterwarden.connectionsSecret" -}}
 {{- .Values.connectionsSecret | default (printf "%s-connections" (include "clusterwarden.fullname" .)) -}}
 {{- end -}}

@@ -1,0 +1,2 @@
+"""The inventory service: each non-local cluster's orchestrator watched, its queued demand
+reported (docs/kubernetes.md, "Queued demand")."""
