@@ -216,8 +216,12 @@ async def test_no_execute_from_the_template_and_online_only_once_the_node_is_hea
     kube: KubeScope, kube_api: KubeAccess,
 ) -> None:
     bad, good = await a_bad_node_and_two_good(kube, min_available=0)
+    # The agents here do not count GPUProblem as fault data (with it, the analyzer would not
+    # even ask for the online task while it is True): the health check alone must hold the
+    # node back, as it does for any problem condition the agents are not told about.
     env = kube_env(kafka_bootstrap, redis_url, namespace, tmp_path, str(kube_api.kubeconfig),
-                   TEMPLATER_TEMPLATE_DIR=str(templates(tmp_path / "templates")))
+                   TEMPLATER_TEMPLATE_DIR=str(templates(tmp_path / "templates")),
+                   AGENT_NODE_FAULT_CONDITIONS="KernelDeadlock")
     async with kube_cluster(env, tmp_path, kube_api, [bad, *good]) as watch_:
         fleet.inject_fault(tmp_path, bad, xid=[79])
         offline, plan = await task_ended(watch_, bad, "offline", "succeeded")
