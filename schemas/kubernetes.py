@@ -29,3 +29,10 @@ step did it (and, on a node, whether it is in use or being returned to standby).
 GPU_COUNT_ANNOTATION: Final = "capacity.cluster-autoscaler.kubernetes.io/gpu-count"
 """On a MachineDeployment: the GPUs of each of its machines (the annotation the cluster
 autoscaler's Cluster API provider reads for scale-from-zero)."""
+
+DEPLOYMENT_NAME_LABEL: Final = "cluster.x-k8s.io/deployment-name"
+"""On a Cluster API Machine: the MachineDeployment it belongs to (set by Cluster API)."""
+
+DELETE_MACHINE_ANNOTATION: Final = "cluster.x-k8s.io/delete-machine"
+"""On a Cluster API Machine: delete this one first when its MachineSet scales down (Cluster
+API honours it before every delete policy). ClusterWarden sets it to the task and step."""

@@ -6,8 +6,8 @@ their agents report the pool above its range: the analyzer raises scale_out, and
 executor's add_capacity step goes through the cluster's backend. With the standby pool, the
 standby node is uncordoned (with the task's record on it) and the pending pod is scheduled
 there. With a Cluster API MachineDeployment, its replicas grow by the machines the pending
-GPUs need; the test plays the infrastructure and creates the new machine's Node, where the
-pod is scheduled.
+GPUs need; the test plays the infrastructure and creates the new Machine and its Node, which
+the step waits for, names and enrols; the pod is scheduled there.
 """
 
 from __future__ import annotations
@@ -108,6 +108,15 @@ async def first_scale_out(watch: Tap, state: Path,
     return events, plan
 
 
+async def assert_enrolled(redis_url: str, namespace: str, node: str) -> None:
+    """The node is in the cluster's registry, so its agent's reports count."""
+    redis = connect_redis(redis_url)
+    try:
+        assert node in await registered_nodes(redis, Keys(namespace), "itest")
+    finally:
+        await redis.aclose()
+
+
 async def test_pending_gpu_pods_in_a_hot_pool_get_a_standby_node_uncordoned(
     kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path,
     kube: KubeScope, kube_api: KubeAccess,
@@ -135,12 +144,7 @@ async def test_pending_gpu_pods_in_a_hot_pool_get_a_standby_node_uncordoned(
         assert (record["task_id"], record["step"], record["pool"], record["state"]) == (
             str(plan.task_id), "0:add-capacity", POOL, "added")
         await pod_runs_on(kube, pending, standby)
-        # Enrolled, so its agent's reports count.
-        redis = connect_redis(redis_url)
-        try:
-            assert standby in await registered_nodes(redis, Keys(namespace), "itest")
-        finally:
-            await redis.aclose()
+        await assert_enrolled(redis_url, namespace, standby)
         left = await kube.node(used)
         assert not left["spec"].get("unschedulable")
         assert CAPACITY_ANNOTATION not in (left["metadata"].get("annotations") or {})
@@ -161,14 +165,19 @@ async def test_pending_gpu_pods_in_a_hot_pool_grow_its_machine_deployment(
             return int(md["spec"]["replicas"]) >= 3
 
         await settled(grown, "the MachineDeployment's replicas grown", timeout_s=120.0)
-        # The infrastructure provider's part: the new machine's Node joins.
-        machine = await kube.add_gpu_node("machine-3")
-        events, _ = await first_scale_out(watch, tmp_path, nodes)
+        # The infrastructure provider's part: the new Machine, and its Node joins.
+        new_machine, machine = await kube.add_machine(POOL, "3")
+        events, plan = await first_scale_out(watch, tmp_path, nodes)
         added = step_outputs(events, "add_capacity")
         assert added["backend"] == "kubernetes", added
-        # One 8-GPU machine covers the pending pod's 8 GPUs.
+        # One 8-GPU machine covers the pending pod's 8 GPUs; the step waited for its Node.
         assert (added["replicas_before"], added["replicas_after"]) == (2, 3), added
         assert added["outcome"] == "applied", added
+        assert (added["added"], added["added_nodes"]) == (1, machine), added
+        await assert_enrolled(redis_url, namespace, machine)
+        machine_record = record_on(await kube.machine(new_machine))
+        assert (machine_record["task_id"], machine_record["state"]) == (
+            str(plan.task_id), "added")
         # The record on it is a scale_out task's (this one, unless a later one scaled again).
         record = record_on(await kube.machine_deployment(POOL))
         assert UUID(record["task_id"]) in scale_out_tasks(watch), record

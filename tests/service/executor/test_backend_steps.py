@@ -66,7 +66,7 @@ class RecordingBackend:
                            dry_run=dry_run)
 
     async def add_capacity(self, pool: str, count: int, step: StepRef, *,
-                           dry_run: bool = False) -> CapacityResult:
+                           timeout_s: float = 60.0, dry_run: bool = False) -> CapacityResult:
         self.calls.append(("add_capacity", f"{pool}:{count}", step, dry_run))
         return CapacityResult(pool, ("standby-1",),
                               Outcome.DRY_RUN if dry_run else Outcome.APPLIED)
