@@ -155,9 +155,11 @@ class KubeScope:
             name, self.namespace, {"spec": {"minAvailable": min_available}})
 
     async def add_machine_deployment(self, name: str, replicas: int, gpus: int) -> None:
-        """A Cluster API MachineDeployment in this scope's namespace (its CRD installed
-        first): nothing makes machines for it, the test plays the infrastructure."""
-        await install_machine_deployment_crd(self.api)
+        """A Cluster API MachineDeployment in this scope's namespace (its CRD and the
+        Machine's installed first): nothing makes machines for it, the test plays the
+        infrastructure (`add_machine`)."""
+        await install_crd(self.api, MACHINE_DEPLOYMENT_CRD)
+        await install_crd(self.api, MACHINE_CRD)
         await client.CustomObjectsApi(self.api).create_namespaced_custom_object(
             CAPI_GROUP, CAPI_VERSION, self.namespace, MD_PLURAL, manifest({
                 "apiVersion": f"{CAPI_GROUP}/{CAPI_VERSION}", "kind": "MachineDeployment",
@@ -166,10 +168,9 @@ class KubeScope:
 
     async def add_machine(self, deployment: str, suffix: str, *,
                           annotations: dict[str, str] | None = None) -> tuple[str, str]:
-        """The infrastructure's part of a scale-up: a Machine of the MachineDeployment (its
-        CRD installed first) and its Node, a kwok GPU node joined to the cluster, named in
+        """The infrastructure's part of a scale-up: a Machine of the MachineDeployment (made
+        by `add_machine_deployment`) and its Node, a kwok GPU node joined to the cluster, named in
         the Machine's status.nodeRef. Answers (machine, node)."""
-        await install_crd(self.api, MACHINE_CRD)
         custom = client.CustomObjectsApi(self.api)
         name = f"{deployment}-{suffix}"
         await custom.create_namespaced_custom_object(
@@ -303,10 +304,6 @@ MACHINE_CRD: dict[str, Any] = {
         }],
     },
 }
-
-
-async def install_machine_deployment_crd(api: client.ApiClient) -> None:
-    await install_crd(api, MACHINE_DEPLOYMENT_CRD)
 
 
 async def install_crd(api: client.ApiClient, crd: dict[str, Any]) -> None:

@@ -170,10 +170,13 @@ class MachineDeployments:
 
     async def machines(self, pool: str) -> list[MachineView]:
         """The pool's Machines (those Cluster API labels with its MachineDeployment's name)."""
-        answer = await call(f"list machines of {self._namespace}/{pool}",
-                            lambda: self._custom.list_namespaced_custom_object(
-                                CAPI_GROUP, CAPI_VERSION, self._namespace, MACHINE_PLURAL,
-                                label_selector=f"{DEPLOYMENT_NAME_LABEL}={pool}"))
+        what = f"list machines of {self._namespace}/{pool}"
+        try:
+            answer = await call(what, lambda: self._custom.list_namespaced_custom_object(
+                CAPI_GROUP, CAPI_VERSION, self._namespace, MACHINE_PLURAL,
+                label_selector=f"{DEPLOYMENT_NAME_LABEL}={pool}"))
+        except ApiException as err:
+            raise BackendError(f"{what}: {err.status} {err.reason}") from err
         return [MachineView.of(m) for m in answer.get("items") or ()]
 
     def _node_gpus(self) -> int:
