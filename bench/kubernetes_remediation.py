@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import platform
 import random
@@ -56,6 +57,7 @@ from schemas.topics import Topic, topic_name
 from services.backends.kubernetes.cache import ClusterCache
 from services.backends.kubernetes.connection import KubeAccess, connect
 from services.backends.kubernetes.gpus import PodRef, find_replacement, live
+from services.scheduler.safety import DEFAULT_BUDGET_FRACTION, DEFAULT_UNHEALTHY_FRACTION
 from services.shared.registry import ClusterBackend, name_backend
 from tests.kube import KubeScope
 
@@ -278,7 +280,7 @@ def figures(shape: Shape, victims: list[Victim], events: Events,
             held: dict[str, int]) -> Figures:
     phases = [task_phases(events, v) for v in victims]
     waits = [p[1] for p in phases if p[1] is not None]
-    budget_nodes = max(1, -(-shape.nodes // 10))
+    budget_nodes = math.ceil(shape.nodes * DEFAULT_BUDGET_FRACTION)
     return {
         "nodes": shape.nodes, "faulted": len(victims),
         "pods": sum(len(v.pods) for v in victims),
@@ -302,8 +304,9 @@ def figures(shape: Shape, victims: list[Victim], events: Events,
                                     f"{shape.scheduler_burst} offline tasks: held "
                                     f"{held['rate limit']} dispatch attempt(s), longest wait "
                                     f"{max(waits, default=0.0):.2f} s",
-            "offline budget": f"10 % of the pool = {budget_nodes} nodes; short-circuit above "
-                              f"40 % unhealthy: held {held['pool limits']} attempt(s)",
+            "offline budget": f"{DEFAULT_BUDGET_FRACTION:.0%} of the pool = {budget_nodes} "
+                              f"nodes; short-circuit above {DEFAULT_UNHEALTHY_FRACTION:.0%} "
+                              f"unhealthy: held {held['pool limits']} attempt(s)",
         },
         "per_node": [node_figures(v) for v in victims],
     }
