@@ -90,17 +90,18 @@ async def test_a_machine_not_made_in_time_is_held_and_the_retry_finds_it(
 async def test_a_scale_down_marks_an_idle_machine_clusterwarden_added_before_lowering(
         kube: KubeScope, kube_api: KubeAccess) -> None:
     await kube.add_machine_deployment(POOL, replicas=3, gpus=8)
+    # The busy machine's Node alone first, so the GPU pod lands there.
     busy, busy_node = await kube.add_machine(POOL, "busy")
-    idle, _ = await kube.add_machine(POOL, "idle")
-    ours_record = CapacityRecord(task_id="task-0", step="0:add-capacity", pool=POOL)
-    ours, _ = await kube.add_machine(POOL, "ours",
-                                     annotations={CAPACITY_ANNOTATION: ours_record.to_json()})
-    await kube.add_gpu_statefulset("train", 1, gpus=8, node=busy_node)
+    await kube.add_gpu_statefulset("train", 1, gpus=8)
 
     async def placed() -> bool:
         return await kube.running_on(busy_node) == ["train-0"]
 
     await settled(placed, "the train pod Running on the busy machine's node")
+    idle, _ = await kube.add_machine(POOL, "idle")
+    ours_record = CapacityRecord(task_id="task-0", step="0:add-capacity", pool=POOL)
+    ours, _ = await kube.add_machine(POOL, "ours",
+                                     annotations={CAPACITY_ANNOTATION: ours_record.to_json()})
     backend = await KubernetesBackend.open(
         kube_api, TokenBucket(20.0, 5),
         capacity=CapacitySource("machinedeployment", kube.namespace))
