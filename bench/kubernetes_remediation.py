@@ -1,5 +1,5 @@
 """Remediation of a Kubernetes cluster at scale: N kwok GPU nodes (default 1,000) running GPU
-pods of StatefulSets, Deployments and Jobs, 1 % of them hit by a fatal XID at once.
+pods of StatefulSets and Deployments, 1 % of them hit by a fatal XID at once.
 
 Everything is the real thing except the nodes' hardware: the real API server, scheduler,
 controllers and Eviction API (deploy/local/kubernetes.sh; kwok plays the kubelets), the real
@@ -63,8 +63,9 @@ from tests.kube import KubeScope
 
 CLUSTER = "kbench"
 SERVICES = ("collector", "analyzer", "templater", "scheduler", "executor")
-CONTROLLER_KINDS = ("statefulset", "deployment", "job")
-# Two controllers of each kind share the pods: each eviction's replacement comes from one.
+# Jobs are left out: kwok's default stages complete a Job's pods at once, so none would run.
+CONTROLLER_KINDS = ("statefulset", "deployment")
+# Three controllers of each kind share the pods: each eviction's replacement comes from one.
 CONTROLLERS = 6
 SETUP_TIMEOUT_S = 900.0
 RUN_TIMEOUT_S = 300.0
@@ -185,10 +186,8 @@ async def build_cluster(kube: KubeScope, shape: Shape) -> list[str]:
         name = f"{kind}-{index}"
         if kind == "statefulset":
             await kube.add_gpu_statefulset(name, size, gpus=shape.gpus_per_pod)
-        elif kind == "deployment":
-            await kube.add_gpu_deployment(name, size, gpus=shape.gpus_per_pod)
         else:
-            await kube.add_gpu_job(name, size, gpus=shape.gpus_per_pod)
+            await kube.add_gpu_deployment(name, size, gpus=shape.gpus_per_pod)
     return names
 
 

@@ -90,8 +90,8 @@ class KubeScope:
         self.nodes.append(name)
         return name
 
-    def gpu_pod_template(self, app: str, gpus: int, *, node: str | None = None,
-                         restart: str = "Always") -> dict[str, Any]:
+    def gpu_pod_template(self, app: str, gpus: int, *,
+                         node: str | None = None) -> dict[str, Any]:
         """Pods asking `gpus` GPUs each, on this scope's nodes (on `node` alone if named,
         through node affinity the scheduler honours only at placement)."""
         affinity = None
@@ -105,7 +105,6 @@ class KubeScope:
                 "nodeSelector": {SCOPE_LABEL: self.prefix},
                 "tolerations": [KWOK_TOLERATION],
                 "affinity": affinity,
-                "restartPolicy": restart,
                 "terminationGracePeriodSeconds": 0,
                 "containers": [{"name": "train", "image": "trainer:latest",
                                 "resources": {"limits": {"nvidia.com/gpu": str(gpus)},
@@ -132,16 +131,6 @@ class KubeScope:
             "metadata": {"name": name},
             "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
                      "template": self.gpu_pod_template(name, gpus)},
-        }))
-
-    async def add_gpu_job(self, name: str, parallelism: int, *, gpus: int = 1) -> None:
-        """A Job of `parallelism` GPU pods that never complete (kwok keeps them Running).
-        An evicted pod counts as a failure, so the backoff limit is set out of reach."""
-        await client.BatchV1Api(self.api).create_namespaced_job(self.namespace, manifest({
-            "metadata": {"name": name},
-            "spec": {"parallelism": parallelism, "completions": parallelism,
-                     "backoffLimit": 10_000,
-                     "template": self.gpu_pod_template(name, gpus, restart="Never")},
         }))
 
     async def add_pdb(self, name: str, app: str, min_available: int) -> None:
