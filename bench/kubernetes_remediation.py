@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import math
 import os
 import platform
@@ -419,6 +420,8 @@ async def main() -> None:
                         help="Offline tasks a second the scheduler starts (SCHEDULER_RATE_PER_S).")
     parser.add_argument("--scheduler-burst", type=int, default=5)
     args = parser.parse_args()
+    # Retried requests (a new topic's leader not elected yet) are not news here.
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     shape = shape_of(args)
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:19092")
     redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:16379/0")
