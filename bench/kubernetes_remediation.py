@@ -95,12 +95,12 @@ class Shape:
     def settings(self) -> dict[str, str]:
         """The services' settings: only the fault need; the scheduler's limits as given (the
         offline budget and short-circuit at their defaults)."""
-        # The centre's probes every 5 minutes: one simulator process cannot verify and
-        # answer a thousand signed probes within their deadline on 2 shared cores, and each
-        # late answer would raise a false probe_failed offline need (a drain of a healthy
-        # node, spending the eviction budget the burst is measured against).
+        # The centre's probes every 5 minutes, 30 s to answer: one simulator process cannot
+        # verify and answer a thousand signed probes within the default 5 s on 2 shared
+        # cores, and each late answer raises a false probe_failed offline need (a drain of a
+        # healthy node, spending the eviction budget the burst is measured against).
         return {"ANALYZER_ENABLED_NEEDS": '["offline"]', "WARDEN_LOG_LEVEL": "INFO",
-                "COLLECTOR_PROBE_PERIOD_S": "300",
+                "COLLECTOR_PROBE_PERIOD_S": "300", "COLLECTOR_PROBE_DEADLINE_S": "30",
                 "SCHEDULER_RATE_PER_S": str(self.scheduler_rate_per_s),
                 "SCHEDULER_RATE_BURST": str(self.scheduler_burst)}
 
