@@ -45,6 +45,7 @@ down:
 
 bench: setup
 	@source deploy/local/env.sh && $(BIN)/python -m bench.collector_throughput
+	@source deploy/local/env.sh && $(BIN)/python -m bench.kubernetes_remediation
 
 # The AsyncAPI document of every service's subscriptions, from the code (docs/asyncapi/).
 asyncapi: setup

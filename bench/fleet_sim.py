@@ -326,23 +326,8 @@ class FleetSim:
             now = now_utc()
             for index in slot_members(len(self.order), slots, tick % slots):
                 node = self.nodes[self.order[index]]
-                if node.silent:
-                    continue
-                node.seq += 1
-                report = build_report(node, self.cluster, self.pool, self.interval_s,
-                                      self.gpus, now)
-                tags = consume_faults(node)
-                sent_at = time.time()
-                if tags:
-                    event_id = str(report.event_id)
-                    self.faulty_reports[event_id] = FaultyReport(node.node_id, event_id,
-                                                                 sent_at, tags)
-                    for tag in tags:
-                        self.first_sent.setdefault(tag, sent_at)
-                sent.append(await producer.send(
-                    reports, report.model_dump_json().encode(), key=node.node_id.encode(),
-                    headers=[("content-type", b"application/json"),
-                             ("event-type", b"node_report")]))
+                if not node.silent:
+                    sent.append(await self._send(producer, reports, node, now))
             # Acks are awaited one slot later: the producer batches meanwhile, and a broker
             # error still stops the run within a slot.
             if pending:
@@ -350,6 +335,34 @@ class FleetSim:
             pending = sent
             self.stats.reports_sent += len(sent)
             tick += 1
+
+    async def _send(self, producer: AIOKafkaProducer, reports: str, node: SimNode,
+                    now: datetime) -> asyncio.Future[RecordMetadata]:
+        """Send the node's next report (its seq moves on); answers the pending ack."""
+        node.seq += 1
+        report = build_report(node, self.cluster, self.pool, self.interval_s, self.gpus, now)
+        tags = consume_faults(node)
+        sent_at = time.time()
+        if tags:
+            event_id = str(report.event_id)
+            self.faulty_reports[event_id] = FaultyReport(node.node_id, event_id, sent_at, tags)
+            for tag in tags:
+                self.first_sent.setdefault(tag, sent_at)
+        ack: asyncio.Future[RecordMetadata] = await producer.send(
+            reports, report.model_dump_json().encode(), key=node.node_id.encode(),
+            headers=[("content-type", b"application/json"), ("event-type", b"node_report")])
+        return ack
+
+    async def report_now(self, node: str) -> None:
+        """Send the node's report at once, outside its schedule: as an agent reports a new
+        XID or uncorrected ECC error the moment it sees it."""
+        if self._producer is None:
+            raise RuntimeError("the fleet is not started")
+        sim = self.nodes[node]
+        if not sim.silent:
+            await (await self._send(self._producer,
+                                    topic_name(Topic.NODE_REPORTS, self.namespace), sim,
+                                    now_utc()))
 
     async def _command_loop(self, consumer: AIOKafkaConsumer,
                             producer: AIOKafkaProducer) -> None:

@@ -26,7 +26,6 @@ import json
 import os
 import platform
 import random
-import statistics
 import tempfile
 import time
 from datetime import UTC, datetime
@@ -39,7 +38,7 @@ from aiokafka import AIOKafkaConsumer
 from agent import fleet
 from agent.jobs.processes import job_dir
 from agent.ml.runtime import STATUS_FILE
-from bench.common import exit_cleanly_on_sigterm, percentile
+from bench.common import Spread, exit_cleanly_on_sigterm, spread
 from common.messaging import ensure_topics
 from common.signing import ensure_keypair
 from schemas.events.v1 import OutputValue, TaskEvent
@@ -70,12 +69,6 @@ class TrialResult(TypedDict):
     last_step_seen: int
     resumed_step: OutputValue | None
     steps_lost: int | None
-
-
-class Spread(TypedDict):
-    p50: float | None
-    p99: float | None
-    max: float | None
 
 
 class Summary(TypedDict):
@@ -214,11 +207,7 @@ StageKey = Literal["fault_to_running_s", "detect_s", "offline_s", "migrated_s", 
 
 def summary(results: list[TrialResult]) -> Summary:
     def stats(key: StageKey) -> Spread:
-        values = [float(v) for r in results if (v := r[key]) is not None]
-        if not values:
-            return {"p50": None, "p99": None, "max": None}
-        return {"p50": round(statistics.median(values), 2),
-                "p99": round(percentile(values, 0.99), 2), "max": round(max(values), 2)}
+        return spread(float(v) for r in results if (v := r[key]) is not None)
 
     return {
         "trials": len(results),

@@ -44,3 +44,10 @@ step saved>, "path": <where, optional>}`."""
 
 RESUMED_FROM_ANNOTATION: Final = "clusterwarden.io/resumed-from"
 """Written by the workload on the replacement pod: the training step it resumed from."""
+
+DEPLOYMENT_NAME_LABEL: Final = "cluster.x-k8s.io/deployment-name"
+"""On a Cluster API Machine: the MachineDeployment it belongs to (set by Cluster API)."""
+
+DELETE_MACHINE_ANNOTATION: Final = "cluster.x-k8s.io/delete-machine"
+"""On a Cluster API Machine: delete this one first when its MachineSet scales down (Cluster
+API honours it before every delete policy). ClusterWarden sets it to the task and step."""

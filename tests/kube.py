@@ -20,9 +20,14 @@ import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from schemas.kubernetes import GPU_COUNT_ANNOTATION, POOL_LABEL
-from services.backends.kubernetes.actuator import CAPI_GROUP, CAPI_VERSION, MD_PLURAL
-from services.backends.kubernetes.connection import as_json
+from schemas.kubernetes import DEPLOYMENT_NAME_LABEL, GPU_COUNT_ANNOTATION, POOL_LABEL
+from services.backends.kubernetes.actuator import (
+    CAPI_GROUP,
+    CAPI_VERSION,
+    MACHINE_PLURAL,
+    MD_PLURAL,
+)
+from services.backends.kubernetes.connection import MERGE_PATCH, as_json
 from tests.waiting import Patience
 
 T = TypeVar("T")
@@ -101,9 +106,9 @@ class KubeScope:
             "type": kind, "status": status, "reason": reason, "message": message,
             "lastHeartbeatTime": stamp, "lastTransitionTime": stamp}]}})
 
-    async def add_gpu_statefulset(self, name: str, replicas: int, *, gpus: int = 1,
-                                  node: str | None = None, pool: str | None = None,
-                                  annotations: dict[str, str] | None = None) -> None:
+    def gpu_pod_template(self, app: str, gpus: int, *, node: str | None = None,
+                         pool: str | None = None,
+                         annotations: dict[str, str] | None = None) -> dict[str, Any]:
         """Pods asking `gpus` GPUs each, on this scope's nodes (on `node` alone if named,
         through node affinity the scheduler honours only at placement; on nodes of `pool`
         alone if named, through their nodeSelector), with the pod template's `annotations`."""
@@ -112,26 +117,41 @@ class KubeScope:
             affinity = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
                 {"weight": 100, "preference": {"matchExpressions": [
                     {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}}]}}
+        return {
+            "metadata": {"labels": {"app": app}, "annotations": annotations or {}},
+            "spec": {
+                "nodeSelector": {SCOPE_LABEL: self.prefix,
+                                 **({POOL_LABEL: pool} if pool else {})},
+                "tolerations": [KWOK_TOLERATION],
+                "affinity": affinity,
+                "terminationGracePeriodSeconds": 0,
+                "containers": [{"name": "train", "image": "trainer:latest",
+                                "resources": {"limits": {"nvidia.com/gpu": str(gpus)},
+                                              "requests": {"nvidia.com/gpu": str(gpus)}}}],
+            },
+        }
+
+    async def add_gpu_statefulset(self, name: str, replicas: int, *, gpus: int = 1,
+                                  node: str | None = None, pool: str | None = None,
+                                  annotations: dict[str, str] | None = None) -> None:
+        """A StatefulSet of `gpu_pod_template` pods, started in parallel."""
         await client.AppsV1Api(self.api).create_namespaced_stateful_set(self.namespace, manifest({
             "metadata": {"name": name},
             "spec": {
                 "replicas": replicas, "serviceName": name,
                 "podManagementPolicy": "Parallel",
                 "selector": {"matchLabels": {"app": name}},
-                "template": {
-                    "metadata": {"labels": {"app": name}, "annotations": annotations or {}},
-                    "spec": {
-                        "nodeSelector": {SCOPE_LABEL: self.prefix,
-                                         **({POOL_LABEL: pool} if pool else {})},
-                        "tolerations": [KWOK_TOLERATION],
-                        "affinity": affinity,
-                        "terminationGracePeriodSeconds": 0,
-                        "containers": [{"name": "train", "image": "trainer:latest",
-                                        "resources": {"limits": {"nvidia.com/gpu": str(gpus)},
-                                                      "requests": {"nvidia.com/gpu": str(gpus)}}}],
-                    },
-                },
+                "template": self.gpu_pod_template(name, gpus, node=node, pool=pool,
+                                                  annotations=annotations),
             },
+        }))
+
+    async def add_gpu_deployment(self, name: str, replicas: int, *, gpus: int = 1) -> None:
+        """A Deployment of `gpu_pod_template` pods (its ReplicaSet owns them)."""
+        await client.AppsV1Api(self.api).create_namespaced_deployment(self.namespace, manifest({
+            "metadata": {"name": name},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+                     "template": self.gpu_pod_template(name, gpus)},
         }))
 
     async def add_pdb(self, name: str, app: str, min_available: int) -> None:
@@ -145,9 +165,11 @@ class KubeScope:
             name, self.namespace, {"spec": {"minAvailable": min_available}})
 
     async def add_machine_deployment(self, name: str, replicas: int, gpus: int) -> None:
-        """A Cluster API MachineDeployment in this scope's namespace (its CRD installed
-        first): nothing makes machines for it, the test plays the infrastructure."""
-        await install_machine_deployment_crd(self.api)
+        """A Cluster API MachineDeployment in this scope's namespace (its CRD and the
+        Machine's installed first): nothing makes machines for it, the test plays the
+        infrastructure (`add_machine`)."""
+        await install_crd(self.api, MACHINE_DEPLOYMENT_CRD)
+        await install_crd(self.api, MACHINE_CRD)
         await client.CustomObjectsApi(self.api).create_namespaced_custom_object(
             CAPI_GROUP, CAPI_VERSION, self.namespace, MD_PLURAL, manifest({
                 "apiVersion": f"{CAPI_GROUP}/{CAPI_VERSION}", "kind": "MachineDeployment",
@@ -158,8 +180,33 @@ class KubeScope:
         # The client's stubs omit `_content_type`; a merge patch sets the one field.
         patch: Any = client.CustomObjectsApi(self.api).patch_namespaced_custom_object
         await patch(CAPI_GROUP, CAPI_VERSION, self.namespace, MD_PLURAL, name,
-                    {"spec": {"replicas": replicas}},
-                    _content_type="application/merge-patch+json")
+                    {"spec": {"replicas": replicas}}, _content_type=MERGE_PATCH)
+
+    async def add_machine(self, deployment: str, suffix: str, *,
+                          annotations: dict[str, str] | None = None) -> tuple[str, str]:
+        """The infrastructure's part of a scale-up: a Machine of the MachineDeployment (made
+        by `add_machine_deployment`) and its Node, a kwok GPU node joined to the cluster, named in
+        the Machine's status.nodeRef. Answers (machine, node)."""
+        custom = client.CustomObjectsApi(self.api)
+        name = f"{deployment}-{suffix}"
+        await custom.create_namespaced_custom_object(
+            CAPI_GROUP, CAPI_VERSION, self.namespace, MACHINE_PLURAL, manifest({
+                "apiVersion": f"{CAPI_GROUP}/{CAPI_VERSION}", "kind": "Machine",
+                "metadata": {"name": name, "labels": {DEPLOYMENT_NAME_LABEL: deployment},
+                             "annotations": annotations or {}},
+                "spec": {"clusterName": self.prefix}}))
+        node = await self.add_gpu_node(f"machine-{suffix}")
+        patch_status: Any = custom.patch_namespaced_custom_object_status
+        await patch_status(CAPI_GROUP, CAPI_VERSION, self.namespace, MACHINE_PLURAL, name,
+                           {"status": {"nodeRef": {"kind": "Node", "name": node}}},
+                           _content_type=MERGE_PATCH)
+        return name, node
+
+    async def machine(self, name: str) -> dict[str, Any]:
+        answer: dict[str, Any] = await client.CustomObjectsApi(
+            self.api).get_namespaced_custom_object(CAPI_GROUP, CAPI_VERSION, self.namespace,
+                                                   MACHINE_PLURAL, name)
+        return answer
 
     async def machine_deployment(self, name: str) -> dict[str, Any]:
         answer: dict[str, Any] = await client.CustomObjectsApi(
@@ -222,8 +269,14 @@ class KubeScope:
         for kind, name in self.cluster_objects:
             await _ignore_missing(deleters[kind](name))
         await _ignore_missing(self.core.delete_namespace(self.namespace))
-        for node in self.nodes:
-            await _ignore_missing(self.core.delete_node(node))
+        # Bounded, so a benchmark's thousand nodes go in seconds without flooding the server.
+        gate = asyncio.Semaphore(16)
+
+        async def delete(node: str) -> None:
+            async with gate:
+                await _ignore_missing(self.core.delete_node(node))
+
+        await asyncio.gather(*(delete(node) for node in self.nodes))
 
 
 # The least of Cluster API's MachineDeployment CRD the backend needs: spec.replicas, and the
@@ -249,23 +302,43 @@ MACHINE_DEPLOYMENT_CRD: dict[str, Any] = {
 }
 
 
-async def install_machine_deployment_crd(api: client.ApiClient) -> None:
-    """Installs the CRD once per API server (kept: other tests' objects may use it), and
+# The least of Cluster API's Machine CRD the backend reads: the MachineDeployment's label,
+# annotations, and status.nodeRef (set through the status subresource, as Cluster API does).
+MACHINE_CRD_NAME = f"{MACHINE_PLURAL}.{CAPI_GROUP}"
+MACHINE_CRD: dict[str, Any] = {
+    "metadata": {"name": MACHINE_CRD_NAME},
+    "spec": {
+        "group": CAPI_GROUP, "scope": "Namespaced",
+        "names": {"plural": MACHINE_PLURAL, "singular": "machine", "kind": "Machine",
+                  "shortNames": ["ma"]},
+        "versions": [{
+            "name": CAPI_VERSION, "served": True, "storage": True,
+            "subresources": {"status": {}},
+            "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}},
+        }],
+    },
+}
+
+
+async def install_crd(api: client.ApiClient, crd: dict[str, Any]) -> None:
+    """Installs a CRD once per API server (kept: other tests' objects may use it), and
     waits until the server serves it."""
     extensions = client.ApiextensionsV1Api(api)
     try:
-        await extensions.create_custom_resource_definition(manifest(MACHINE_DEPLOYMENT_CRD))
+        await extensions.create_custom_resource_definition(manifest(crd))
     except ApiException as err:
         if err.status != 409:
             raise
 
     async def served() -> bool:
-        crd = as_json(api, await extensions.read_custom_resource_definition(
-            MACHINE_DEPLOYMENT_CRD_NAME))
+        answer = as_json(api, await extensions.read_custom_resource_definition(
+            crd["metadata"]["name"]))
         return any(c["type"] == "Established" and c["status"] == "True"
-                   for c in (crd.get("status") or {}).get("conditions") or ())
+                   for c in (answer.get("status") or {}).get("conditions") or ())
 
-    await settled(served, "the MachineDeployment CRD established")
+    await settled(served, f"the CRD {crd['metadata']['name']} established")
 
 
 async def _ignore_missing(request: Any) -> None:

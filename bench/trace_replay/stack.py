@@ -171,23 +171,26 @@ class Stack:
 
 @asynccontextmanager
 async def stack(bootstrap: str, redis_url: str, label: str, nodes: Sequence[str],
-                settings: dict[str, str], keep: bool) -> AsyncIterator[Stack]:
-    """Topics, keys, enrolment, then the services; everything stopped on the way out."""
+                settings: dict[str, str], keep: bool, *,
+                services_run: tuple[str, ...] = ("collector", "analyzer"),
+                cluster: str = CLUSTER) -> AsyncIterator[Stack]:
+    """Topics, keys, enrolment, then the services (`services_run`; the replay's collector
+    and analyzer unless told); everything stopped on the way out."""
     namespace = f"replay{label}{uuid4().hex[:6]}"
     state = Path(tempfile.mkdtemp(prefix=f"cw-replay-{label}-"))
     env = {"KAFKA_BOOTSTRAP_SERVERS": bootstrap, "REDIS_URL": redis_url,
-           "WARDEN_NAMESPACE": namespace, "WARDEN_CLUSTER_ID": CLUSTER,
+           "WARDEN_NAMESPACE": namespace, "WARDEN_CLUSTER_ID": cluster,
            "WARDEN_STATE_DIR": str(state), "WARDEN_LOG_LEVEL": "WARNING", **settings}
     await ensure_topics(bootstrap, namespace)
     # The key pair exists before the collector starts, so the collector signs probes with
     # it and the simulated fleet can verify them.
     _, public = ensure_keypair(state / "keys")
-    await register(redis_url, namespace, CLUSTER, nodes)
+    await register(redis_url, namespace, cluster, nodes)
     services: list[launcher.ServiceProcess] = []
     tap = Tap(bootstrap, namespace)
     lag = LagSampler(bootstrap, namespace)
     try:
-        services = launcher.start_services(state, env, ("collector", "analyzer"))
+        services = launcher.start_services(state, env, services_run)
         await tap.start()
         await lag.start()
         yield Stack(namespace, state, services, tap, public, lag)

@@ -160,8 +160,9 @@ class Backend(Protocol):
                          reason: str = "drain", dry_run: bool = False) -> DrainResult: ...
 
     async def add_capacity(self, pool: str, count: int, step: StepRef, *,
-                           dry_run: bool = False) -> CapacityResult:
-        """Adds `count` nodes to the pool (0: enough for the queued demand, at least one)."""
+                           timeout_s: float = 60.0, dry_run: bool = False) -> CapacityResult:
+        """Adds `count` nodes to the pool (0: enough for the queued demand, at least one),
+        waiting up to `timeout_s` for nodes still being made to join."""
         ...
 
     async def remove_capacity(self, pool: str, nodes: tuple[str, ...], step: StepRef, *,

@@ -42,5 +42,5 @@ def create_app(settings: ExecutorSettings | None = None) -> FastStream:
     return build_app(
         broker, settings,
         loops=[("deadline-sweep", settings.deadline_sweep_interval_s, executor.sweep_deadlines)],
-        closers=[backends.close, redis.aclose],
+        closers=[executor.stop, backends.close, redis.aclose],
     )

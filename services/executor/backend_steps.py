@@ -269,7 +269,9 @@ class ClusterBackends:
         action, ref = step.action, step_ref(task, index)
         before = schedulable_gpus(await backend.inventory())
         if isinstance(action, AddCapacity):
-            result = await backend.add_capacity(action.pool, action.nodes, ref, dry_run=dry_run)
+            result = await backend.add_capacity(action.pool, action.nodes, ref,
+                                                timeout_s=step.timeout_s * DRAIN_SHARE,
+                                                dry_run=dry_run)
             if not dry_run and result.nodes:
                 # Enrolled as the local provider enrols its nodes: their agents' reports count.
                 await register_nodes(self.redis, self.keys, task.cluster_id, result.nodes)

@@ -75,3 +75,10 @@ class Executor:
 
     async def sweep_deadlines(self) -> None:
         await self.recovery.sweep_deadlines()
+
+    async def idle(self) -> None:
+        """Until no step runs through a cluster's backend (they run beside the consumers)."""
+        await self.workflow.idle()
+
+    async def stop(self) -> None:
+        await self.workflow.stop()

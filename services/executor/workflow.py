@@ -11,6 +11,7 @@ sweep finds the step already taken and does nothing.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import replace
 from datetime import timedelta
@@ -73,6 +74,7 @@ class WorkflowCore:
         self.events = events
         self.commands = commands
         self.clock = clock
+        self._running: set[asyncio.Task[None]] = set()
 
     # -------------------------------------------------------- starting a workflow
 
@@ -152,10 +154,43 @@ class WorkflowCore:
         await self.events.emit(task, "running", "running", step=index, step_state="started",
                                command_id=command_id, run=wf.run,
                                reason=f"{step.name}: {step.action.action} attempt {wf.attempt + 1}")
-        if await self.runs_in_centre(wf):
+        if await self.backends.handles(task, step):
+            self._in_background(wf)
+        elif await self.runs_in_centre(wf):
             await self.run_centre(wf)
         else:
             await self.commands.send(wf)
+
+    def _in_background(self, wf: Workflow) -> None:
+        """Runs a step through the cluster's backend beside the consumer: a drain takes
+        seconds (evictions paced by the budget, replacements awaited), and run inline it
+        would hold every other scheduled task behind it (a fault burst's drains would run one
+        after another). The journal already says the step started: if the process dies
+        meanwhile, the deadline sweep runs it again, as for a lost agent command."""
+        run = asyncio.create_task(self._run_backend_step(wf),
+                                  name=f"step {wf.task_id}/{wf.step}")
+        self._running.add(run)
+        run.add_done_callback(self._running.discard)
+
+    async def _run_backend_step(self, wf: Workflow) -> None:
+        try:
+            await self.run_centre(wf)
+        except INFRASTRUCTURE_ERRORS:
+            # Fail closed, as inline: the step stays started and its deadline re-runs it.
+            log.warning("task %s step %d: left started for the deadline sweep", wf.task_id,
+                        wf.step, exc_info=True)
+
+    async def idle(self) -> None:
+        """Waits until no backend step runs (those a finished one starts included)."""
+        while self._running:
+            await asyncio.gather(*list(self._running), return_exceptions=True)
+
+    async def stop(self) -> None:
+        """Cancels the backend steps still running (on shutdown): each stays started in the
+        journal, and the deadline sweep of the next executor runs it again."""
+        for run in list(self._running):
+            run.cancel()
+        await asyncio.gather(*list(self._running), return_exceptions=True)
 
     # -------------------------------------------------------- centre actions and children
 

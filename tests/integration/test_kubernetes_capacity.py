@@ -9,8 +9,8 @@ through the cluster's backend. With the standby pool, the standby node is uncord
 task's record on it) and the pending pod is scheduled there. With a Cluster API
 MachineDeployment, its replicas grow by the machines the pending GPUs need; while the machine
 comes up its GPUs are on their way and come off the queued demand, so no second scale-out is
-asked for the same pod; the test plays the infrastructure and creates the new machine's Node,
-where the pod is scheduled.
+asked for the same pod; the test plays the infrastructure and creates the new Machine and its
+Node, which the step waits for, names and enrols; the pod is scheduled there.
 """
 
 from __future__ import annotations
@@ -157,6 +157,15 @@ async def periods(watch: Tap, count: int, what: str, *, start: int,
         >= count, TASK_TIMEOUT_S, what)
 
 
+async def assert_enrolled(redis_url: str, namespace: str, node: str) -> None:
+    """The node is in the cluster's registry, so its agent's reports count."""
+    redis = connect_redis(redis_url)
+    try:
+        assert node in await registered_nodes(redis, Keys(namespace), "itest")
+    finally:
+        await redis.aclose()
+
+
 async def test_pending_gpu_pods_get_a_standby_node_uncordoned_and_run_there(
     kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path,
     kube: KubeScope, kube_api: KubeAccess,
@@ -184,12 +193,7 @@ async def test_pending_gpu_pods_get_a_standby_node_uncordoned_and_run_there(
         assert (record["task_id"], record["step"], record["pool"], record["state"]) == (
             str(plan.task_id), "0:add-capacity", POOL, "added")
         await pod_runs_on(kube, pending, standby)
-        # Enrolled, so its agent's reports count.
-        redis = connect_redis(redis_url)
-        try:
-            assert standby in await registered_nodes(redis, Keys(namespace), "itest")
-        finally:
-            await redis.aclose()
+        await assert_enrolled(redis_url, namespace, standby)
         left = await kube.node(used)
         assert not left["spec"].get("unschedulable")
         assert CAPACITY_ANNOTATION not in (left["metadata"].get("annotations") or {})
@@ -204,17 +208,13 @@ async def test_pending_gpu_pods_grow_the_machine_deployment_once_while_the_machi
     env = env_for(kafka_bootstrap, redis_url, namespace, tmp_path, kube_api)
     async with kube_cluster(env, tmp_path, kube_api, nodes, capacity="machinedeployment",
                             capacity_namespace=kube.namespace, topics=TOPICS) as watch:
-        events, plan = await first_scale_out(watch)
-        added = step_outputs(events, "add_capacity")
-        assert added["backend"] == "kubernetes", added
-        # One 8-GPU machine covers the pending pod's 8 GPUs.
-        assert (added["replicas_before"], added["replicas_after"]) == (2, 3), added
-        assert added["outcome"] == "applied", added
-        record = record_on(await kube.machine_deployment(POOL))
-        assert record["task_id"] == str(plan.task_id), record
+        async def grown() -> bool:
+            md = await kube.machine_deployment(POOL)
+            return int(md["spec"]["replicas"]) >= 3
 
-        # The machine is on its way (no Node yet): its 8 GPUs come off the pending pod's, which
-        # still waits (an item: no scale-in under it).
+        await settled(grown, "the MachineDeployment's replicas grown", timeout_s=120.0)
+        # The machine is on its way (no Machine, no Node yet; the step waits for them): its 8
+        # GPUs come off the pending pod's, which still waits (an item: no scale-in under it).
         async def netted() -> DemandEntry | None:
             entry = await pending_jobs(redis_url, namespace)
             return entry if entry is not None and entry.gpus == 0.0 else None
@@ -239,10 +239,24 @@ async def test_pending_gpu_pods_grow_the_machine_deployment_once_while_the_machi
         back = [h for h in healths(watch, start) if h.gpu_utilization_pct > 40.0]
         assert {h.demand_pct for h in back} == {0.0}, back
         assert len(scale_out_needs(watch)) == 1, scale_out_needs(watch)
-        assert list(scale_out_tasks(watch)) == [plan.task_id]
+        assert len(scale_out_tasks(watch)) == 1, list(scale_out_tasks(watch))
 
-        # The infrastructure provider's part: the new machine's Node joins; the pod runs there.
-        machine = await kube.add_gpu_node("machine-3")
+        # The infrastructure provider's part: the new Machine, and its Node joins; the step
+        # that waited for it names and enrols it, and the pod runs there.
+        new_machine, machine = await kube.add_machine(POOL, "3")
+        events, plan = await first_scale_out(watch)
+        added = step_outputs(events, "add_capacity")
+        assert added["backend"] == "kubernetes", added
+        # One 8-GPU machine covers the pending pod's 8 GPUs; the step waited for its Node.
+        assert (added["replicas_before"], added["replicas_after"]) == (2, 3), added
+        assert added["outcome"] == "applied", added
+        assert (added["added"], added["added_nodes"]) == (1, machine), added
+        await assert_enrolled(redis_url, namespace, machine)
+        machine_record = record_on(await kube.machine(new_machine))
+        assert (machine_record["task_id"], machine_record["state"]) == (
+            str(plan.task_id), "added")
+        record = record_on(await kube.machine_deployment(POOL))
+        assert record["task_id"] == str(plan.task_id), record
         await pod_runs_on(kube, pending, machine)
         await watch.catch_up()
         assert list(scale_out_tasks(watch)) == [plan.task_id]

@@ -7,8 +7,10 @@ Which actuator a cluster uses is in its registration (`ClusterBackend.capacity`)
 
 from __future__ import annotations
 
+import asyncio
 import time
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Literal
 
@@ -16,6 +18,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from common.clock import EpochClock
+from schemas.kubernetes import DEPLOYMENT_NAME_LABEL
 from services.backends.base import BackendError, CapacityResult, Outcome, StepRef
 from services.backends.kubernetes.cache import ClusterCache
 from services.backends.kubernetes.capacity import (
@@ -27,17 +30,28 @@ from services.backends.kubernetes.capacity import (
     decide_return,
     decide_scale,
     machines_for,
+    scale_record_of,
     taking,
 )
 from services.backends.kubernetes.connection import MERGE_PATCH, call, dry_run_args
 from services.backends.kubernetes.demand import machines_on_the_way
 from services.backends.kubernetes.drain import Drainer
+from services.backends.kubernetes.machines import (
+    MachineView,
+    arrivals,
+    choose_removals,
+    mark_patch,
+    record_patch,
+)
 from services.backends.kubernetes.nodes import CONFLICT_TRIES, apply
 
 CapacityKind = Literal["standby", "machinedeployment"]
 # How long an add waits for the cache's watch to show the nodes it uncordoned.
 SEEN_TIMEOUT_S = 5.0
 CAPI_GROUP, CAPI_VERSION, MD_PLURAL = "cluster.x-k8s.io", "v1beta1", "machinedeployments"
+MACHINE_PLURAL = "machines"
+# How often a scale-up reads its pool's Machines while it waits for their Nodes.
+MACHINE_POLL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -129,13 +143,19 @@ class StandbyPool:
 
 class MachineDeployments:
     """A pool's MachineDeployment, scaled through `spec.replicas`: the Cluster API
-    controllers make (or delete, after draining) the machines; their Nodes join the cluster."""
+    controllers make (or delete, after draining) the machines; their Nodes join the cluster.
+    A scale-up waits for the new machines' Nodes and reports them (they are enrolled); a
+    scale-down marks the machines to delete first (machines.py chooses them)."""
 
-    def __init__(self, api: client.ApiClient, cache: ClusterCache, namespace: str) -> None:
+    def __init__(self, api: client.ApiClient, cache: ClusterCache, namespace: str, *,
+                 clock: EpochClock = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self._api = api
         self._custom = client.CustomObjectsApi(api)
         self._cache = cache
         self._namespace = namespace
+        self._clock = clock
+        self._sleep = sleep
 
     async def find(self, name: str) -> MachineDeploymentView | None:
         """The MachineDeployment named `name` in the capacity namespace, or None."""
@@ -165,29 +185,69 @@ class MachineDeployments:
                                        default_pool)
         return machines * (md.gpus_per_machine or self._node_gpus())
 
+    async def machines(self, pool: str) -> list[MachineView]:
+        """The pool's Machines (those Cluster API labels with its MachineDeployment's name)."""
+        what = f"list machines of {self._namespace}/{pool}"
+        try:
+            answer = await call(what, lambda: self._custom.list_namespaced_custom_object(
+                CAPI_GROUP, CAPI_VERSION, self._namespace, MACHINE_PLURAL,
+                label_selector=f"{DEPLOYMENT_NAME_LABEL}={pool}"))
+        except ApiException as err:
+            raise BackendError(f"{what}: {err.status} {err.reason}") from err
+        return [MachineView.of(m) for m in answer.get("items") or ()]
+
     def _node_gpus(self) -> int:
         """The largest GPU node's allocatable: a new machine's size when the
         MachineDeployment does not say."""
         return max((n.allocatable for n in self._cache.inventory().nodes), default=0)
 
-    async def scale(self, pool: str, step: StepRef, *, add: int = 0, remove: int = 0,
-                    dry_run: bool) -> CapacityResult:
-        """Adds `add` machines (0: enough for the pending GPU pods) or removes `remove`."""
+    async def scale_up(self, pool: str, count: int, step: StepRef, *, timeout_s: float,
+                       dry_run: bool) -> CapacityResult:
+        """Adds `count` machines (0: enough for the pending GPU pods) and waits up to
+        `timeout_s` for their Nodes, which the result names."""
+        before = {m.name for m in await self.machines(pool)}
+        scaled = await self._patch_replicas(pool, step, lambda md: self._growth(md, count),
+                                            dry_run)
+        if dry_run or scaled.replicas is None or scaled.replicas[1] <= scaled.replicas[0]:
+            return scaled
+        if scaled.outcome is Outcome.ALREADY:
+            # A resend: the machines made since the first attempt were not there before it.
+            before = set()
+        return await self._arrivals(pool, step, scaled, before, timeout_s)
+
+    async def scale_down(self, pool: str, count: int, nodes: tuple[str, ...], step: StepRef,
+                         *, dry_run: bool) -> CapacityResult:
+        """Marks the machines to go (machines.py: `count` of them, 0: the idle ones; only
+        those of `nodes` if named), then lowers the replicas by as many."""
+        md = await self._read(pool)
+        if (record := scale_record_of(md.annotations)) is not None \
+                and (record.task_id, record.step) == (step.task_id, step.step):
+            return await self._patch_replicas(pool, step, lambda _: 0, dry_run)
+        marked = await self._mark(pool, step, count, nodes, dry_run)
+        if not marked:
+            return CapacityResult(pool, (), _outcome(False, dry_run),
+                                  detail=f"no machine of {pool} free to remove")
+        result = await self._patch_replicas(pool, step, lambda _: -len(marked), dry_run)
+        return replace(result, detail=f"{result.detail}; deleting first: {','.join(marked)}")
+
+    def _growth(self, md: MachineDeploymentView, add: int) -> int:
+        size = md.gpus_per_machine or self._node_gpus()
+        return machines_for(add, self._cache.inventory().pending_gpus, size)
+
+    async def _patch_replicas(self, pool: str, step: StepRef,
+                              delta_of: Callable[[MachineDeploymentView], int],
+                              dry_run: bool) -> CapacityResult:
         what = f"machinedeployment {self._namespace}/{pool}"
         for _ in range(CONFLICT_TRIES):
             md = await self._read(pool)
-            if remove:
-                delta = -remove
-            else:
-                size = md.gpus_per_machine or self._node_gpus()
-                delta = machines_for(add, self._cache.inventory().pending_gpus, size)
-            decision = decide_scale(md, step, delta)
+            decision = decide_scale(md, step, delta_of(md))
             detail = f"{what} replicas {decision.before} -> {decision.after}"
             if decision.patch is None:
                 return CapacityResult(pool, (), _outcome(False, dry_run), detail=detail,
                                       replicas=(decision.before, decision.after))
             try:
-                await call(f"patch {what}", partial(self._patch, pool, decision.patch, dry_run))
+                await call(f"patch {what}", partial(self._patch, MD_PLURAL, pool,
+                                                    decision.patch, dry_run))
             except ApiException as err:
                 if err.status == 409:
                     continue
@@ -196,8 +256,77 @@ class MachineDeployments:
                                   replicas=(decision.before, decision.after))
         raise BackendError(f"{what} kept changing under {CONFLICT_TRIES} attempts to scale it")
 
-    def _patch(self, name: str, body: dict[str, Any], dry_run: bool) -> Any:
+    async def _arrivals(self, pool: str, step: StepRef, scaled: CapacityResult,
+                        before: set[str], timeout_s: float) -> CapacityResult:
+        """Waits for the new machines' Nodes (the Machines read each second, the Nodes from
+        the watch), recording each machine as this step's; the ones not there in time are
+        `held`, so the step fails and its retry waits on."""
+        assert scaled.replicas is not None
+        wanted = scaled.replicas[1] - scaled.replicas[0]
+        deadline = self._clock() + timeout_s
+        while True:
+            found = arrivals(await self.machines(pool), step, before,
+                             {n["metadata"]["name"] for n in self._cache.nodes.values()},
+                             wanted)
+            recorded = [m for m in found.to_record if await self._record(m, step, pool)]
+            mine = [*found.mine, *recorded]
+            missing = wanted - len(mine)
+            if missing <= 0 or self._clock() >= deadline:
+                break
+            await self._sleep(min(MACHINE_POLL_S, max(deadline - self._clock(), 0.0)))
+        nodes = tuple(sorted(m.node for m in mine if m.node))
+        if missing <= 0:
+            return replace(scaled, nodes=nodes)
+        held = found.waiting or (f"{missing} machine(s) not made yet",)
+        return replace(scaled, nodes=nodes, held=held,
+                       detail=f"{scaled.detail}; {missing} new machine(s) without a Node yet")
+
+    async def _record(self, machine: MachineView, step: StepRef, pool: str) -> bool:
+        """Records the step on a new machine; False if it changed meanwhile (read again on
+        the next round)."""
+        try:
+            await call(f"annotate machine {machine.name}", partial(
+                self._patch, MACHINE_PLURAL, machine.name, record_patch(machine, step, pool),
+                False))
+        except ApiException as err:
+            if err.status in (404, 409):
+                return False
+            raise BackendError(f"annotate machine {machine.name}: {err.status} "
+                               f"{err.reason}") from err
+        return True
+
+    async def _mark(self, pool: str, step: StepRef, count: int, nodes: tuple[str, ...],
+                    dry_run: bool) -> list[str]:
+        """Marks the chosen machines for deletion first; answers the machines marked (this
+        step's, earlier attempts' included)."""
+        gpu_pods = {n: len(p) for n, p in self._cache.inventory().pods_by_node.items()}
+        for _ in range(CONFLICT_TRIES):
+            machines = {m.name: m for m in await self.machines(pool)}
+            chosen = choose_removals(machines.values(), step, count, nodes, gpu_pods)
+            marked, changed = [], False
+            for name in chosen:
+                machine = machines[name]
+                patch = mark_patch(machine, step)
+                if patch is None:
+                    marked.append(name)  # this step's mark, from an earlier attempt
+                    continue
+                try:
+                    await call(f"mark machine {name}", partial(
+                        self._patch, MACHINE_PLURAL, name, patch, dry_run))
+                except ApiException as err:
+                    if err.status not in (404, 409):
+                        raise BackendError(f"mark machine {name}: {err.status} "
+                                           f"{err.reason}") from err
+                    changed = True
+                    continue
+                marked.append(name)
+            if not changed:
+                return marked
+        raise BackendError(f"the machines of {pool} kept changing under {CONFLICT_TRIES} "
+                           "attempts to mark them")
+
+    def _patch(self, plural: str, name: str, body: dict[str, Any], dry_run: bool) -> Any:
         # As for nodes: a JSON merge patch guarded by the resourceVersion in the body.
         patch: Any = self._custom.patch_namespaced_custom_object
-        return patch(CAPI_GROUP, CAPI_VERSION, self._namespace, MD_PLURAL, name, body,
+        return patch(CAPI_GROUP, CAPI_VERSION, self._namespace, plural, name, body,
                      _content_type=MERGE_PATCH, **dry_run_args(dry_run))

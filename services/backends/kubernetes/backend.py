@@ -50,7 +50,8 @@ class KubernetesBackend:
         self._drainer = Drainer(api, self.cache, budget, clock=clock, sleep=sleep)
         self.capacity = capacity or CapacitySource()
         self._standby = StandbyPool(api, self.cache, self._drainer, clock=clock)
-        self._machines = MachineDeployments(api, self.cache, self.capacity.namespace)
+        self._machines = MachineDeployments(api, self.cache, self.capacity.namespace,
+                                            clock=clock, sleep=sleep)
 
     @classmethod
     async def open(cls, access: KubeAccess, budget: TokenBucket, *,
@@ -92,21 +93,23 @@ class KubernetesBackend:
         return await self._drainer.drain(node, step, timeout_s=timeout_s, dry_run=dry_run)
 
     async def add_capacity(self, pool: str, count: int, step: StepRef, *,
-                           dry_run: bool = False) -> CapacityResult:
-        """Standby nodes uncordoned, or the pool's MachineDeployment scaled up (actuator.py);
-        `count` 0: enough for the pending GPU pods, at least one node."""
+                           timeout_s: float = 60.0, dry_run: bool = False) -> CapacityResult:
+        """Standby nodes uncordoned, or the pool's MachineDeployment scaled up and its new
+        machines' Nodes waited for (actuator.py); `count` 0: enough for the pending GPU pods,
+        at least one node."""
         if self.capacity.kind == "machinedeployment":
-            return await self._machines.scale(pool, step, add=count, dry_run=dry_run)
+            return await self._machines.scale_up(pool, count, step, timeout_s=timeout_s,
+                                                 dry_run=dry_run)
         return await self._standby.add(pool, count, step, dry_run=dry_run)
 
     async def remove_capacity(self, pool: str, nodes: tuple[str, ...], step: StepRef, *,
                               count: int = 0, timeout_s: float = 60.0,
                               dry_run: bool = False) -> CapacityResult:
         """Nodes ClusterWarden added cordoned, drained and handed back to standby, or the
-        pool's MachineDeployment scaled down (Cluster API drains the machines it deletes)."""
+        pool's MachineDeployment scaled down, the machines to go marked first (Cluster API
+        drains the machines it deletes)."""
         if self.capacity.kind == "machinedeployment":
-            return await self._machines.scale(pool, step, remove=count or len(nodes) or 1,
-                                              dry_run=dry_run)
+            return await self._machines.scale_down(pool, count, nodes, step, dry_run=dry_run)
         return await self._standby.remove(pool, nodes, count, step, timeout_s=timeout_s,
                                           dry_run=dry_run)
 

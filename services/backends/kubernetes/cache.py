@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -18,7 +19,7 @@ from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from services.backends.base import Inventory
-from services.backends.kubernetes.connection import as_json, call
+from services.backends.kubernetes.connection import call
 from services.backends.kubernetes.gpus import build_inventory
 
 log = logging.getLogger("clusterwarden.backends.kubernetes.cache")
@@ -42,6 +43,8 @@ class ClusterCache:
         self._core = client.CoreV1Api(api)
         self.nodes: Objects = {}
         self.pods: Objects = {}
+        self._by_controller: dict[str | None, Objects] = {}
+        self._owner_of: dict[str, tuple[str | None]] = {}
         self._changed = asyncio.Condition()
         self._tasks: list[asyncio.Task[None]] = []
         self.lists = 0
@@ -69,14 +72,35 @@ class ClusterCache:
                 else self._core.list_pod_for_all_namespaces)
 
     async def _list(self, kind: str, store: Objects) -> str:
-        answer = await call(f"list {kind}", self._lister(kind))
-        items = {_key(o): o for o in (as_json(self._api, i) for i in answer.items)}
+        answer = await call(f"list {kind}", lambda: self._raw_list(kind))
+        items = {_key(o): o for o in answer.get("items") or ()}
         async with self._changed:
             store.clear()
             store.update(items)
+            if store is self.pods:
+                self._by_controller.clear()
+                self._owner_of.clear()
+                for obj in items.values():
+                    self._index(obj, deleted=False)
             self._changed.notify_all()
         self.lists += 1
-        return str(answer.metadata.resource_version)
+        return str((answer.get("metadata") or {}).get("resourceVersion", ""))
+
+    async def _raw_list(self, kind: str) -> dict[str, Any]:
+        """The list as the API server's JSON, as the watch's raw objects are: the client's
+        models are skipped, which at a thousand nodes and their pods cost seconds of CPU
+        (built, then serialised back) on the first step of a fault burst."""
+        response = await self._lister(kind)(_preload_content=False)
+        try:
+            body = await response.read()
+            if not 200 <= response.status <= 299:
+                err = ApiException(status=response.status, reason=response.reason)
+                err.body = body.decode("utf-8", errors="replace")
+                raise err
+            answer: dict[str, Any] = json.loads(body)
+            return answer
+        finally:
+            response.release()
 
     async def _watch(self, kind: str, store: Objects, rv: str) -> None:
         while True:
@@ -102,7 +126,9 @@ class ClusterCache:
 
     async def _follow(self, kind: str, store: Objects, rv: str) -> str:
         """Applies one watch's events; answers the resourceVersion to resume from."""
-        stream = watch.Watch()
+        # The raw JSON, as the list's: the client's models per event would cost the CPU a
+        # drain's waiters need (a thousand kwok nodes send status updates all the time).
+        stream = watch.Watch(return_type="object")
         self.watches += 1
         async with stream:
             async for event in stream.stream(self._lister(kind), resource_version=rv,
@@ -117,8 +143,28 @@ class ClusterCache:
                         store.pop(_key(obj), None)
                     else:
                         store[_key(obj)] = obj
+                    if store is self.pods:
+                        self._index(obj, deleted=event["type"] == "DELETED")
                     self._changed.notify_all()
         return rv
+
+    def _index(self, pod: dict[str, Any], *, deleted: bool) -> None:
+        meta = pod.get("metadata") or {}
+        owner = next((o.get("uid") for o in meta.get("ownerReferences") or ()
+                      if o.get("controller")), None)
+        key = _key(pod)
+        before = self._owner_of.pop(key, None)
+        if before is not None:
+            self._by_controller.get(before[0], {}).pop(key, None)
+        if not deleted:
+            self._by_controller.setdefault(owner, {})[key] = pod
+            self._owner_of[key] = (owner,)
+
+    def pods_of(self, controller_uid: str | None) -> list[dict[str, Any]]:
+        """The pods one controller owns (None: those without one), from an index kept with
+        the cache: a drain waiting for replacements looks at these on every change, not at
+        every pod of the cluster."""
+        return list(self._by_controller.get(controller_uid, {}).values())
 
     def inventory(self) -> Inventory:
         return build_inventory(self.nodes.values(), self.pods.values())

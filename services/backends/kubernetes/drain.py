@@ -216,7 +216,8 @@ class Drainer:
                 placed.append(move)
                 continue
             def found(evicted: PodRef = pod) -> PodRef | None:
-                match = find_replacement(evicted, self._cache.pods.values(), claimed)
+                match = find_replacement(evicted, self._cache.pods_of(evicted.controller_uid),
+                                         claimed)
                 return PodRef.of(match) if match is not None else None
             replacement = await self._cache.wait_for(found, run.deadline - self._clock())
             if replacement is None:

@@ -56,15 +56,21 @@ async def _running(kube: KubeScope, node: str) -> bool:
     ("delete", "nodes", "", False),
     ("update", "nodes", "status", False),
     ("get", "secrets", "", False),
+    ("list", "cluster.x-k8s.io/machines", "", True),
+    ("patch", "cluster.x-k8s.io/machines", "", True),
+    ("delete", "cluster.x-k8s.io/machines", "", False),
+    ("patch", "cluster.x-k8s.io/machinedeployments", "", True),
 ])
 async def test_the_role_allows_exactly_what_the_backend_needs(
         kube: KubeScope, kube_api: KubeAccess, verb: str, resource: str, subresource: str,
         allowed: bool) -> None:
     user = await kube.add_service_account("warden", bound=True)
+    group, _, plural = resource.rpartition("/")
     api = await connect(as_user(kube_api, user))
     try:
         review = await client.AuthorizationV1Api(api).create_self_subject_access_review(
-            manifest({"spec": {"resourceAttributes": {"verb": verb, "resource": resource,
+            manifest({"spec": {"resourceAttributes": {"verb": verb, "group": group,
+                                                      "resource": plural,
                                                       "subresource": subresource}}}))
         assert review.status.allowed is allowed
     finally:

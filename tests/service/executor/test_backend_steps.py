@@ -7,6 +7,7 @@ tests/integration/test_kubernetes_remediation.py."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,7 +79,7 @@ class RecordingBackend:
                            dry_run=dry_run)
 
     async def add_capacity(self, pool: str, count: int, step: StepRef, *,
-                           dry_run: bool = False) -> CapacityResult:
+                           timeout_s: float = 60.0, dry_run: bool = False) -> CapacityResult:
         self.calls.append(("add_capacity", f"{pool}:{count}", step, dry_run))
         return CapacityResult(pool, ("standby-1",),
                               Outcome.DRY_RUN if dry_run else Outcome.APPLIED)
@@ -158,6 +159,41 @@ async def test_a_kubernetes_clusters_node_steps_go_through_its_backend_not_to_an
     assert await harness.lock_owner(f"node.{NODE}") is None
 
 
+class MeetingBackend(RecordingBackend):
+    """Each drain waits until the other drain has started too: two drains run one after the
+    other never meet, and the first gives up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = 0
+        self.both = asyncio.Event()
+
+    async def drain_node(self, node: str, step: StepRef, *, timeout_s: float,
+                         reason: str = "drain", dry_run: bool = False) -> DrainResult:
+        self.entered += 1
+        if self.entered == 2:
+            self.both.set()
+        await asyncio.wait_for(self.both.wait(), 5.0)
+        return await super().drain_node(node, step, timeout_s=timeout_s, reason=reason,
+                                        dry_run=dry_run)
+
+
+async def test_drains_of_two_tasks_run_side_by_side_and_do_not_hold_the_consumer(
+    redis: Redis, keys: Keys, tmp_path: Path,
+) -> None:
+    backend = MeetingBackend()
+    harness, _ = await kube_harness(redis, keys, tmp_path, backend)
+    first = make_task(DrainNode(node_id=NODE), OfflineNode(node_id=NODE))
+    second = make_task(DrainNode(node_id="n2"), OfflineNode(node_id="n2"), mutex=["node.n2"])
+    # The consumer hands over the first task and is free for the second while its drain runs.
+    await harness.schedule(first)
+    await harness.schedule(second)
+    await harness.executor.idle()
+    assert backend.entered == 2
+    assert harness.states(first)[-1] == "succeeded", harness.events(first)
+    assert harness.states(second)[-1] == "succeeded", harness.events(second)
+
+
 async def test_a_refusal_ends_the_task_at_once_and_an_unreachable_server_is_retried(
     redis: Redis, keys: Keys, tmp_path: Path,
 ) -> None:
@@ -180,6 +216,7 @@ async def test_a_refusal_ends_the_task_at_once_and_an_unreachable_server_is_retr
     assert "retry in 1 s" in failed.reason
     await harness.retry_due_now(flaky)
     await harness.executor.sweep_deadlines()
+    await harness.executor.idle()
     assert harness.final(flaky).state == "succeeded"
     assert [c[2].task_id for c in backend.calls[1:]] == [str(flaky.task_id)] * 2
     assert harness.commands() == []
@@ -235,6 +272,7 @@ async def test_capacity_steps_go_through_the_backend_and_enrol_what_it_added(
     assert "standby-1" in failed.reason
     await harness.retry_due_now(shrink)
     await harness.executor.sweep_deadlines()
+    await harness.executor.idle()
     assert harness.final(shrink).state == "succeeded"
     assert [c[1] for c in backend.calls[1:]] == ["default:1", "default:1"]
     assert "standby-1" not in await registered_nodes(redis, keys, CLUSTER)

@@ -129,6 +129,12 @@ class Harness:
     epoch: int = 0
 
     async def dispatch(self, task: OpsTask) -> None:
+        """What the scheduler does (`schedule`), then until the steps it started end."""
+        await self.schedule(task)
+        # Steps through a cluster's backend run beside the consumer: let them end.
+        await self.executor.idle()
+
+    async def schedule(self, task: OpsTask) -> None:
         """What the scheduler does: take the task's locks, then hand it over."""
         for key in task.mutex_keys:
             await self.redis.set(self.keys.lock(key), str(task.task_id))

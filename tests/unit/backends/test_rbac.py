@@ -14,6 +14,8 @@ NEEDED = {
     ("", "pods/eviction"): {"create"},
     ("cluster.x-k8s.io", "machinedeployments"): {"get", "patch"},
     ("cluster.x-k8s.io", "machinedeployments/scale"): {"get", "patch", "update"},
+    # Which machines a scale-up added (recorded on them), which a scale-down deletes first.
+    ("cluster.x-k8s.io", "machines"): {"get", "list", "patch"},
 }
 
 
