@@ -214,9 +214,7 @@ async def test_a_refusal_ends_the_task_at_once_and_an_unreachable_server_is_retr
     assert failed.step_state == "failed"
     assert "backend_unreachable" in failed.reason
     assert "retry in 1 s" in failed.reason
-    await harness.retry_due_now(flaky)
-    await harness.executor.sweep_deadlines()
-    await harness.executor.idle()
+    await harness.retry_now(flaky)
     assert harness.final(flaky).state == "succeeded"
     assert [c[2].task_id for c in backend.calls[1:]] == [str(flaky.task_id)] * 2
     assert harness.commands() == []
@@ -270,9 +268,7 @@ async def test_capacity_steps_go_through_the_backend_and_enrol_what_it_added(
     assert failed.step_state == "failed"
     assert "capacity_incomplete" in failed.reason
     assert "standby-1" in failed.reason
-    await harness.retry_due_now(shrink)
-    await harness.executor.sweep_deadlines()
-    await harness.executor.idle()
+    await harness.retry_now(shrink)
     assert harness.final(shrink).state == "succeeded"
     assert [c[1] for c in backend.calls[1:]] == ["default:1", "default:1"]
     assert "standby-1" not in await registered_nodes(redis, keys, CLUSTER)

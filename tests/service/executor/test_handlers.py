@@ -193,6 +193,13 @@ class Harness:
     async def retry_due_now(self, task: OpsTask) -> None:
         await self.redis.zadd(self.keys.workflow_retries(), {str(task.task_id): 1})
 
+    async def retry_now(self, task: OpsTask) -> None:
+        """The task's retry made due and run by the deadline sweep, to the end of any step it
+        runs through a backend (those run beside the consumer)."""
+        await self.retry_due_now(task)
+        await self.executor.sweep_deadlines()
+        await self.executor.idle()
+
     async def lock_owner(self, key: str) -> str | None:
         value = await self.redis.get(self.keys.lock(key))
         return text(value) if value else None
@@ -399,15 +406,13 @@ async def test_a_transient_failure_is_retried_with_exponential_backoff(
     await harness.executor.sweep_deadlines()
     assert harness.last_command() == first
     # ...then a new attempt with its own command id, and a longer wait after it fails.
-    await harness.retry_due_now(task)
-    await harness.executor.sweep_deadlines()
+    await harness.retry_now(task)
     second = harness.last_command()
     assert second.command_id == command_id_for(task.task_id, 0, 1)
     await harness.answer(second, "failed", "injected_failure")
     due = await harness.redis.zscore(harness.keys.workflow_retries(), tid)
     assert due == harness.clock.ms() + 2_000
-    await harness.retry_due_now(task)
-    await harness.executor.sweep_deadlines()
+    await harness.retry_now(task)
     await harness.answer(harness.last_command(), "failed", "injected_failure")
     final = harness.final(task)
     assert (final.state, final.outputs["cause"]) == ("failed", "failed")
@@ -436,8 +441,7 @@ async def test_a_late_answer_to_an_abandoned_attempt_changes_nothing(harness: Ha
     await harness.dispatch(task)
     first = harness.last_command()
     await harness.answer(first, "failed", "injected_failure")
-    await harness.retry_due_now(task)
-    await harness.executor.sweep_deadlines()
+    await harness.retry_now(task)
     await harness.answer(first, "succeeded")  # the first attempt's answer, too late
     wf = await harness.wf(task)
     assert (wf.step, wf.attempt, wf.step_state) == (0, 1, "started")

@@ -91,8 +91,7 @@ async def test_a_pause_between_attempts_takes_effect_at_once(harness: Harness) -
     await harness.answer(harness.last_command(), "failed", "injected_failure")
     paused = await send(harness, task, "pause")
     assert (paused.state, paused.previous_state) == ("paused", "running")
-    await harness.retry_due_now(task)
-    await harness.executor.sweep_deadlines()
+    await harness.retry_now(task)
     assert len(harness.commands()) == 1  # the retry waits for the resume
     await send(harness, task, "resume")
     assert harness.last_command().command_id == command_id_for(task.task_id, 0, 1)
