@@ -1,11 +1,12 @@
 """Draining a node's GPU pods through the Eviction API, paced by the cluster's budget.
 
-Each eviction takes a token from the cluster's `TokenBucket` first. The API server answers 201
-(the pod goes), 429 (a PodDisruptionBudget says not now: wait and try again within the step's
-time, not a failure), 409 (another eviction updated the PDB meanwhile: try again) or 404
-(already gone: a resend after a crash). After the evictions, each pod's controller must have a
-replacement Running on another node; the cache's watch says when. A pod with no controller
-has nothing to wait for.
+Each eviction takes a token from the cluster's `TokenBucket` first; a node's pods are
+evicted side by side, so the bucket, not the API server's answers, sets the pace. The API
+server answers 201 (the pod goes), 429 (a PodDisruptionBudget says not now: wait and try again
+within the step's time, not a failure), 409 (another eviction updated the PDB meanwhile: try
+again) or 404 (already gone: a resend after a crash). After the evictions, each pod's
+controller must have a replacement Running on another node; the cache's watch says when. A pod
+with no controller has nothing to wait for.
 
 Before any eviction, each pod that opts in to the checkpoint protocol (checkpoint.py) is asked
 to checkpoint, and the drain waits on the watch for its answer, up to the pod's timeout and at
@@ -106,14 +107,7 @@ class Drainer:
         if not dry_run:
             # Asked before any eviction: a workload saves its state while it still runs.
             await self._checkpoints(run, found, timeout_s * CHECKPOINT_SHARE)
-        while run.waiting:
-            for key, pod in list(run.waiting.items()):
-                if await self._evict(pod, run):
-                    del run.waiting[key]
-                    run.evicted.append(pod)
-            if not run.waiting or dry_run or self._clock() >= run.deadline:
-                break
-            await self._sleep(min(PDB_RETRY_S, max(run.deadline - self._clock(), 0.0)))
+        await self._evict_all(pods, run)
         moves = [self._move(p, run) for p in run.evicted]
         if not dry_run:
             moves = await self._placed(run, moves)
@@ -183,6 +177,30 @@ class Drainer:
                 return None  # gone, and its controller made another of the same name
         raise BackendError(f"pod {ref.key} kept changing under {CONFLICT_TRIES} attempts "
                            "to ask it to checkpoint")
+
+    async def _evict_all(self, pods: list[PodRef], run: DrainRun) -> None:
+        """Every pod's eviction side by side, so the cluster's budget is the only pace: one
+        after another, each eviction's answer and each PDB wait would hold back the next, and
+        the drain would evict below the budget."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(self._evict_until_let(pod, run)) for pod in pods]
+        except ExceptionGroup as failed:
+            raise failed.exceptions[0] from None  # the step fails as on its first error
+        for pod, task in zip(pods, tasks, strict=True):  # in the node's order, not the answers'
+            if task.result():
+                del run.waiting[pod.key]
+                run.evicted.append(pod)
+
+    async def _evict_until_let(self, pod: PodRef, run: DrainRun) -> bool:
+        """True once the pod is evicted (or gone); False if a PDB still holds it at the
+        deadline (a dry run asks once)."""
+        while not await self._evict(pod, run):
+            left = run.deadline - self._clock()
+            if run.dry_run or left <= 0:
+                return False
+            await self._sleep(min(PDB_RETRY_S, left))
+        return True
 
     async def _evict(self, pod: PodRef, run: DrainRun) -> bool:
         """True once the pod is evicted (or gone); False while a PDB holds it."""

@@ -5,6 +5,7 @@ controller-manager, kwok playing the kubelets); dry run evicts nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from schemas.kubernetes import (
@@ -16,7 +17,7 @@ from schemas.kubernetes import (
 from services.backends.base import Checkpoint, StepRef
 from services.backends.budget import TokenBucket
 from services.backends.kubernetes.backend import KubernetesBackend
-from services.backends.kubernetes.connection import as_json
+from services.backends.kubernetes.connection import KubeAccess, as_json
 from tests.kube import KubeScope, settled
 
 OFFLINE = StepRef(task_id="task-1", step="0:offline_node")
@@ -63,6 +64,41 @@ async def test_drain_evicts_waits_on_the_pdb_and_finds_replacements_on_healthy_n
     assert await kube.running_on(bad) == []
     for move in result.moved:
         assert move.pod in await kube.running_on(move.to_node or "")
+
+
+class GateBudget(TokenBucket):
+    """A budget that hands out no token until `together` evictions ask for one at once: a
+    drain that evicts its pods one after another (each after the previous one's answer) never
+    gets there."""
+
+    def __init__(self, together: int) -> None:
+        super().__init__(rate_per_s=100.0, burst=together)
+        self.together = together
+        self.asking = 0
+        self._all_asked = asyncio.Event()
+
+    async def acquire(self) -> None:
+        self.asking += 1
+        if self.asking >= self.together:
+            self._all_asked.set()
+        await asyncio.wait_for(self._all_asked.wait(), 10.0)
+        await super().acquire()
+
+
+async def test_a_drain_asks_for_every_pods_token_at_once_so_the_budget_alone_paces_it(
+        kube: KubeScope, kube_api: KubeAccess) -> None:
+    gate = GateBudget(together=2)
+    opened = await KubernetesBackend.open(kube_api, gate)
+    try:
+        bad = await two_pods_on_a_bad_node(kube, opened, min_available=0)
+
+        result = await opened.drain_node(bad, DRAIN, timeout_s=TIMEOUT_S)
+    finally:
+        await opened.close()
+
+    assert result.complete, result
+    assert sorted(m.pod for m in result.moved) == ["train-0", "train-1"]
+    assert gate.taken == 2
 
 
 async def test_a_pdb_that_never_allows_holds_the_pod_until_it_is_lowered(
