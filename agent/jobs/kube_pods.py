@@ -32,7 +32,8 @@ from agent.jobs.kube_node import ConditionRule, condition_faults
 from agent.jobs.pod_resources import PodResourcesClient, pod_gpu_indices
 from agent.jobs.runner import JobState
 from schemas.events.v1 import Fault, JobInfo, NodeMode
-from schemas.kubernetes import GPU_RESOURCE, OFFLINE_ANNOTATION
+from schemas.kube_gpus import pod_gpus
+from schemas.kubernetes import OFFLINE_ANNOTATION
 
 log = logging.getLogger("clusterwarden.agent.kube")
 
@@ -43,20 +44,6 @@ POD_RESOURCES_EVERY_S = 2.0
 WATCH_TIMEOUT_S = 60
 _STATES: dict[str, JobState] = {"Pending": "starting", "Running": "running", "Succeeded": "stopped",
            "Failed": "failed"}
-
-
-def pod_gpus(pod: Mapping[str, Any]) -> int:
-    """The GPUs a pod asks for: its containers' requests (else limits) of nvidia.com/gpu."""
-    total = 0
-    for container in (pod.get("spec") or {}).get("containers") or ():
-        resources = container.get("resources") or {}
-        value = ((resources.get("requests") or {}).get(GPU_RESOURCE)
-                 or (resources.get("limits") or {}).get(GPU_RESOURCE) or 0)
-        try:
-            total += int(value)
-        except (TypeError, ValueError):
-            continue
-    return total
 
 
 def job_id_of(pod: Mapping[str, Any]) -> str:

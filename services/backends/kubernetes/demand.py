@@ -24,10 +24,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from schemas.kube_gpus import pod_gpus
 from schemas.kubernetes import POOL_LABEL
 from services.backends.base import NodeGpus, PoolDemand
 from services.backends.kubernetes.capacity import is_standby, record_of
-from services.backends.kubernetes.gpus import live, node_gpus, pod_gpus
+from services.backends.kubernetes.gpus import live, node_gpus
 from services.backends.kubernetes.protocol import NodeView
 
 Obj = Mapping[str, Any]

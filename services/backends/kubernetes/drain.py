@@ -25,6 +25,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from common.clock import EpochClock
+from schemas.kube_gpus import pod_gpus
 from schemas.kubernetes import STEP_ANNOTATION
 from services.backends.base import BackendError, Checkpoint, DrainResult, PodMove, StepRef
 from services.backends.budget import TokenBucket
@@ -39,7 +40,7 @@ from services.backends.kubernetes.checkpoint import (
     resumed_from,
 )
 from services.backends.kubernetes.connection import as_json, call, dry_run_args, merge_patch_pod
-from services.backends.kubernetes.gpus import PodRef, find_replacement, live, pod_gpus
+from services.backends.kubernetes.gpus import PodRef, find_replacement, live
 
 PDB_RETRY_S = 1.0
 # The checkpoints' wait may take this share of the drain's time at most.

@@ -1,8 +1,8 @@
 """GPU facts read from Kubernetes objects (serialised JSON, camelCase keys): pure functions.
 
 A node's GPUs are its `nvidia.com/gpu` capacity and allocatable (the device plugin's extended
-resource); a pod's are the most any of its containers asks for in requests or limits, summed
-over containers. A GPU pod no node took yet is queued demand.
+resource); a pod's are its effective request (schemas/kube_gpus.py, the agent's rule too).
+A GPU pod no node took yet is queued demand.
 """
 
 from __future__ import annotations
@@ -11,27 +11,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from schemas.kube_gpus import gpu_quantity, pod_gpus
 from schemas.kubernetes import GPU_RESOURCE
 from services.backends.base import GpuPod, Inventory, NodeGpus
 
 _DONE_PHASES = ("Succeeded", "Failed")
-
-
-def _count(value: Any) -> int:
-    try:
-        return int(str(value))
-    except ValueError:
-        return 0
-
-
-def pod_gpus(pod: Mapping[str, Any]) -> int:
-    total = 0
-    for container in (pod.get("spec") or {}).get("containers") or ():
-        resources = container.get("resources") or {}
-        asked = [_count((resources.get(kind) or {}).get(GPU_RESOURCE, 0))
-                 for kind in ("requests", "limits")]
-        total += max(asked)
-    return total
 
 
 def node_gpus(node: Mapping[str, Any]) -> NodeGpus:
@@ -39,8 +23,8 @@ def node_gpus(node: Mapping[str, Any]) -> NodeGpus:
     conditions = {c["type"]: c.get("status", "Unknown") for c in status.get("conditions") or ()}
     return NodeGpus(
         name=meta["name"],
-        capacity=_count((status.get("capacity") or {}).get(GPU_RESOURCE, 0)),
-        allocatable=_count((status.get("allocatable") or {}).get(GPU_RESOURCE, 0)),
+        capacity=gpu_quantity((status.get("capacity") or {}).get(GPU_RESOURCE, 0)),
+        allocatable=gpu_quantity((status.get("allocatable") or {}).get(GPU_RESOURCE, 0)),
         schedulable=not spec.get("unschedulable"),
         ready=conditions.get("Ready") == "True",
         conditions=conditions,

@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from agent.app import make_jobs
-from agent.jobs.kube_pods import KubePods, node_mode, pod_gpus, pod_jobs
+from agent.jobs.kube_pods import KubePods, node_mode, pod_jobs
 from agent.settings import AgentSettings
 from schemas.events.v1 import now_utc
+from schemas.kube_gpus import pod_gpus
 from schemas.kubernetes import OFFLINE_ANNOTATION
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.backends.kubernetes.gpus import PodRef, build_inventory, find_replacement, pod_gpus
+from schemas.kube_gpus import pod_gpus
+from services.backends.kubernetes.gpus import PodRef, build_inventory, find_replacement
 
 
 def pod(name: str, *, node: str | None, gpus: int = 1, phase: str = "Running",
