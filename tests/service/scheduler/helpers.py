@@ -50,13 +50,26 @@ class RecordingBus(EventBus):
         return [event for t, event in self.published if t is topic]
 
 
+_last_occurred_at = datetime.min.replace(tzinfo=UTC)
+
+
+def _next_occurred_at() -> datetime:
+    """Now, and always at least a millisecond after the task made before: the queue serves
+    tasks of one priority by their millisecond of `occurred_at`, and two tasks made within
+    one millisecond would be served in the order of their random ids."""
+    global _last_occurred_at
+    _last_occurred_at = max(now_utc(), _last_occurred_at + timedelta(milliseconds=1))
+    return _last_occurred_at
+
+
 def task(target: str, kind: str | None = None, cluster: str = "local",
          pool: str = "default") -> OpsTask:
-    """An offline task for `target` (or, with `kind`, a child task of that action type)."""
+    """An offline task for `target` (or, with `kind`, a child task of that action type),
+    made after every task made before it."""
     task_id = uuid4()
     base = example("ops_task", OpsTask)
     return base.model_copy(update={
-        "event_id": uuid4(), "occurred_at": now_utc(), "cluster_id": cluster,
+        "event_id": uuid4(), "occurred_at": _next_occurred_at(), "cluster_id": cluster,
         "subject": str(task_id), "task_id": task_id, "need_id": uuid4(), "target": target,
         "pool": pool, "mutex_keys": [f"node.{target}"], "action_type": kind})
 
