@@ -72,6 +72,7 @@ class PodRef:
     node: str
     controller_uid: str | None
     """The owning controller's uid (StatefulSet, ReplicaSet, Job, ...); None: no controller."""
+    controller_kind: str | None = None
 
     @classmethod
     def of(cls, pod: Mapping[str, Any]) -> PodRef:
@@ -80,7 +81,8 @@ class PodRef:
                           None)
         return cls(namespace=meta.get("namespace", ""), name=meta["name"],
                    uid=meta.get("uid", ""), node=(pod.get("spec") or {}).get("nodeName", ""),
-                   controller_uid=controller.get("uid") if controller else None)
+                   controller_uid=controller.get("uid") if controller else None,
+                   controller_kind=controller.get("kind") if controller else None)
 
     @property
     def key(self) -> str:
@@ -90,7 +92,9 @@ class PodRef:
 def find_replacement(evicted: PodRef, pods: Iterable[Mapping[str, Any]],
                      excluded_uids: set[str]) -> Mapping[str, Any] | None:
     """A Running pod of the same controller on another node, not one seen before the drain nor
-    claimed by another evicted pod; one of the same name (a StatefulSet's) first."""
+    claimed by another evicted pod; one of the same name first. A StatefulSet's replacement
+    keeps its pod's name, so only that one counts: a sibling evicted at the same time and
+    already back must not be taken for it."""
     candidates = []
     for pod in pods:
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
@@ -99,5 +103,8 @@ def find_replacement(evicted: PodRef, pods: Iterable[Mapping[str, Any]],
                 and ref.uid not in excluded_uids and spec.get("nodeName")
                 and spec.get("nodeName") != evicted.node and live(pod)
                 and (pod.get("status") or {}).get("phase") == "Running"):
-            candidates.append((meta.get("name") != evicted.name, meta.get("name", ""), pod))
+            renamed = meta.get("name") != evicted.name
+            if renamed and evicted.controller_kind == "StatefulSet":
+                continue
+            candidates.append((renamed, meta.get("name", ""), pod))
     return min(candidates, key=lambda c: (c[0], c[1]))[2] if candidates else None

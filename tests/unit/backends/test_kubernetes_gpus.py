@@ -75,3 +75,18 @@ def test_a_replacement_claimed_by_another_evicted_pod_is_not_counted_twice() -> 
     assert match is not None
     assert match["metadata"]["uid"] == "new-1"  # same name first
     assert find_replacement(evicted, pods, {"old-1", "new-1", "new-0"}) is None
+
+
+def test_a_statefulset_pods_replacement_is_the_pod_of_its_name_never_a_sibling() -> None:
+    # Both pods were evicted at once; train-1's replacement came back first.
+    evicted = PodRef.of(pod("train-0", node="bad", uid="old-0"))
+    sibling_back = [pod("train-1", node="good", uid="new-1")]
+    assert find_replacement(evicted, sibling_back, {"old-0", "old-1"}) is None
+    # A ReplicaSet's replacements get new names: any of its new pods will do.
+    rs = pod("web-abc", node="bad", uid="old-0")
+    rs["metadata"]["ownerReferences"][0]["kind"] = "ReplicaSet"
+    other = pod("web-xyz", node="good", uid="new-1")
+    other["metadata"]["ownerReferences"][0]["kind"] = "ReplicaSet"
+    match = find_replacement(PodRef.of(rs), [other], {"old-0"})
+    assert match is not None
+    assert match["metadata"]["uid"] == "new-1"
