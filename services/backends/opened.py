@@ -33,7 +33,8 @@ async def open_kubernetes(config: ClusterBackend) -> Backend:
     access = KubeAccess(kubeconfig=config.kubeconfig or None, context=config.context or None)
     budget = TokenBucket(config.evictions_per_s, config.eviction_burst)
     capacity = CapacitySource(config.capacity, config.capacity_namespace)
-    return await KubernetesBackend.open(access, budget, capacity=capacity)
+    return await KubernetesBackend.open(access, budget, capacity=capacity,
+                                        default_pool=config.default_pool)
 
 
 OPENERS: dict[str, Opener] = {"kubernetes": open_kubernetes}

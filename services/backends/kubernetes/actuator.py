@@ -83,15 +83,14 @@ class StandbyPool:
         return [StandbyNode.of(n, len(inventory.pods_by_node.get(n["metadata"]["name"], ())))
                 for n in self._cache.nodes.values()]
 
-    async def add(self, pool: str, count: int, step: StepRef, *,
+    async def add(self, pool: str, count: int, step: StepRef, *, shortfall_gpus: int,
                   dry_run: bool) -> CapacityResult:
         nodes = self._nodes()
         ready = {n.name: n.ready for n in nodes}
-        pending = self._cache.inventory().pending_gpus
-        mine, take = choose_standby(nodes, pool, step, count, pending)
+        mine, take, asked = choose_standby(nodes, pool, step, count, shortfall_gpus)
         added, refused = list(mine), []
         for name in take:
-            result = await apply(self._api, name, taking(step, pool, ready[name]),
+            result = await apply(self._api, name, taking(step, pool, ready[name], asked),
                                  dry_run=dry_run)
             if result.outcome is Outcome.REFUSED:
                 refused.append(result.detail)  # taken or changed since the cache saw it
@@ -201,13 +200,14 @@ class MachineDeployments:
         MachineDeployment does not say."""
         return max((n.allocatable for n in self._cache.inventory().nodes), default=0)
 
-    async def scale_up(self, pool: str, count: int, step: StepRef, *, timeout_s: float,
-                       dry_run: bool) -> CapacityResult:
-        """Adds `count` machines (0: enough for the pending GPU pods) and waits up to
-        `timeout_s` for their Nodes, which the result names."""
+    async def scale_up(self, pool: str, count: int, step: StepRef, *, shortfall_gpus: int,
+                       timeout_s: float, dry_run: bool) -> CapacityResult:
+        """Adds `count` machines (0: enough for the pool's shortfall of GPUs) and waits up to
+        `timeout_s` for their Nodes, which the result names. A resend finds its record on
+        the MachineDeployment and adds nothing more."""
         before = {m.name for m in await self.machines(pool)}
-        scaled = await self._patch_replicas(pool, step, lambda md: self._growth(md, count),
-                                            dry_run)
+        scaled = await self._patch_replicas(
+            pool, step, lambda md: self._growth(md, count, shortfall_gpus), dry_run)
         if dry_run or scaled.replicas is None or scaled.replicas[1] <= scaled.replicas[0]:
             return scaled
         if scaled.outcome is Outcome.ALREADY:
@@ -230,9 +230,8 @@ class MachineDeployments:
         result = await self._patch_replicas(pool, step, lambda _: -len(marked), dry_run)
         return replace(result, detail=f"{result.detail}; deleting first: {','.join(marked)}")
 
-    def _growth(self, md: MachineDeploymentView, add: int) -> int:
-        size = md.gpus_per_machine or self._node_gpus()
-        return machines_for(add, self._cache.inventory().pending_gpus, size)
+    def _growth(self, md: MachineDeploymentView, add: int, shortfall_gpus: int) -> int:
+        return machines_for(add, shortfall_gpus, md.gpus_per_machine or self._node_gpus())
 
     async def _patch_replicas(self, pool: str, step: StepRef,
                               delta_of: Callable[[MachineDeploymentView], int],

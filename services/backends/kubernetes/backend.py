@@ -42,8 +42,10 @@ class KubernetesBackend:
                  clock: EpochClock = time.monotonic,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                  watch_timeout_s: int = WATCH_TIMEOUT_S,
-                 capacity: CapacitySource | None = None) -> None:
+                 capacity: CapacitySource | None = None,
+                 default_pool: str = "default") -> None:
         self.api = api
+        self.default_pool = default_pool
         self.budget = budget
         self.core = client.CoreV1Api(api)
         self.cache = ClusterCache(api, watch_timeout_s=watch_timeout_s)
@@ -56,9 +58,12 @@ class KubernetesBackend:
     @classmethod
     async def open(cls, access: KubeAccess, budget: TokenBucket, *,
                    watch_timeout_s: int = WATCH_TIMEOUT_S,
-                   capacity: CapacitySource | None = None) -> KubernetesBackend:
+                   capacity: CapacitySource | None = None,
+                   default_pool: str = "default") -> KubernetesBackend:
+        """`default_pool`: the pool of the pods and nodes that name none (the cluster's)."""
         api = await connect(access)
-        backend = cls(api, budget, watch_timeout_s=watch_timeout_s, capacity=capacity)
+        backend = cls(api, budget, watch_timeout_s=watch_timeout_s, capacity=capacity,
+                      default_pool=default_pool)
         try:
             await backend.cache.start()
         except BaseException:
@@ -95,12 +100,19 @@ class KubernetesBackend:
     async def add_capacity(self, pool: str, count: int, step: StepRef, *,
                            timeout_s: float = 60.0, dry_run: bool = False) -> CapacityResult:
         """Standby nodes uncordoned, or the pool's MachineDeployment scaled up and its new
-        machines' Nodes waited for (actuator.py); `count` 0: enough for the pending GPU pods,
-        at least one node."""
+        machines' Nodes waited for (actuator.py); `count` 0: enough for the pool's pending GPU
+        pods less the GPUs already on their way to it, at least one node."""
+        shortfall = await self.shortfall_gpus(pool) if count == 0 else 0
         if self.capacity.kind == "machinedeployment":
-            return await self._machines.scale_up(pool, count, step, timeout_s=timeout_s,
-                                                 dry_run=dry_run)
-        return await self._standby.add(pool, count, step, dry_run=dry_run)
+            return await self._machines.scale_up(pool, count, step, shortfall_gpus=shortfall,
+                                                 timeout_s=timeout_s, dry_run=dry_run)
+        return await self._standby.add(pool, count, step, shortfall_gpus=shortfall,
+                                       dry_run=dry_run)
+
+    async def shortfall_gpus(self, pool: str) -> int:
+        """The GPUs the pool's pending pods want beyond those on their way (queued_demand)."""
+        demand = {d.pool: d.gpus for d in await self.queued_demand(self.default_pool)}
+        return demand.get(pool, 0)
 
     async def remove_capacity(self, pool: str, nodes: tuple[str, ...], step: StepRef, *,
                               count: int = 0, timeout_s: float = 60.0,

@@ -23,7 +23,7 @@ import json
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from schemas.kubernetes import (
     CAPACITY_ANNOTATION,
@@ -42,18 +42,24 @@ NodeState = Literal["added", "returning"]
 @dataclass(frozen=True)
 class CapacityRecord:
     """ClusterWarden's record on a node it took from standby: which task and step, for which
-    pool, and whether the node is in use or going back."""
+    pool, whether the node is in use or going back, and how many nodes the step decided to
+    take in all (`asked`; 0: not recorded), so that a resend takes what its first attempt
+    decided and did not take, whatever the pods did meanwhile."""
 
     task_id: str
     step: str
     pool: str
     state: NodeState = "added"
+    asked: int = 0
 
     def by(self, step: StepRef) -> bool:
         return self.task_id == step.task_id and self.step == step.step
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        fields = asdict(self)
+        if not self.asked:
+            del fields["asked"]  # a machine's or a returning node's record: no count to keep
+        return json.dumps(fields, sort_keys=True)
 
 
 def record_of(annotations: Mapping[str, str]) -> CapacityRecord | None:
@@ -67,7 +73,8 @@ def record_of(annotations: Mapping[str, str]) -> CapacityRecord | None:
         if state not in ("added", "returning"):
             return None
         return CapacityRecord(task_id=str(data["task_id"]), step=str(data["step"]),
-                              pool=str(data["pool"]), state=state)
+                              pool=str(data["pool"]), state=state,
+                              asked=max(0, int(data.get("asked", 0))))
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -134,21 +141,39 @@ def gpus_to_cover(pending_gpus: int, sizes: Iterable[int]) -> int:
     return max(taken, 1)
 
 
-def choose_standby(nodes: Iterable[StandbyNode], pool: str, step: StepRef, count: int,
-                   pending_gpus: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(the nodes this step already took, the free standby nodes to take now).
+class StandbyChoice(NamedTuple):
+    """What `add_capacity` takes from standby: the nodes this step took already, the free
+    ones to take now, and how many the step asks in all (recorded on each node it takes)."""
 
-    `count` > 0 asks that many in all; 0 asks enough for the pending GPU pods (at least one).
-    Largest first, then by name: the fewest nodes for the demand, the same choice each time.
+    mine: tuple[str, ...]
+    take: tuple[str, ...]
+    asked: int
+
+
+def choose_standby(nodes: Iterable[StandbyNode], pool: str, step: StepRef, count: int,
+                   shortfall_gpus: int) -> StandbyChoice:
+    """The step's choice of standby nodes.
+
+    `count` > 0 asks that many in all. 0 asks, on the step's first attempt, enough for the
+    pool's shortfall: its pending GPUs less those already on their way (at least one node, as
+    a scale need with no queued pod still asks for one); a resend asks what the first attempt
+    recorded, since pods may have moved onto its nodes meanwhile. Largest first, then by
+    name: the fewest nodes for the demand, the same choice each time.
     """
     listed = list(nodes)
-    mine = tuple(sorted(n.name for n in listed if (r := n.record) is not None and r.by(step)
-                        and r.state == "added"))
+    records = {n.name: r for n in listed if (r := n.record) is not None and r.by(step)
+               and r.state == "added"}
+    mine = tuple(sorted(records))
     free = sorted((n for n in listed if n.serves(pool) and why_not_free(n) is None),
                   key=lambda n: (-n.gpus, n.name))
-    wanted = count if count > 0 else gpus_to_cover(pending_gpus, (n.gpus for n in free))
-    more = max(0, wanted - len(mine))
-    return mine, tuple(n.name for n in free[:more])
+    if count > 0:
+        asked = count
+    elif mine:
+        asked = max(max(r.asked for r in records.values()), len(mine))
+    else:
+        asked = gpus_to_cover(shortfall_gpus, (n.gpus for n in free))
+    more = max(0, asked - len(mine))
+    return StandbyChoice(mine, tuple(n.name for n in free[:more]), asked)
 
 
 def choose_returns(nodes: Iterable[StandbyNode], pool: str, step: StepRef,
@@ -182,20 +207,23 @@ def _record_patch(node: NodeView, record: CapacityRecord | None,
             "spec": {"unschedulable": unschedulable}}
 
 
-def decide_take(node: NodeView, step: StepRef, pool: str, ready: bool) -> Decision:
-    """Uncordon a free standby node and record the step, decided on the node as re-read."""
+def decide_take(node: NodeView, step: StepRef, pool: str, ready: bool,
+                asked: int = 0) -> Decision:
+    """Uncordon a free standby node and record the step (and how many nodes it asks in all),
+    decided on the node as re-read."""
     record = record_of(node.annotations)
     if record is not None and record.by(step) and record.state == "added":
         return Decision(Outcome.ALREADY, detail=f"added by this step already: {node.name}")
     if refusal := why_not_free(StandbyNode(node, gpus=0, ready=ready)):
         return Decision(Outcome.REFUSED, detail=refusal)
-    taken = CapacityRecord(task_id=step.task_id, step=step.step, pool=pool)
+    taken = CapacityRecord(task_id=step.task_id, step=step.step, pool=pool, asked=asked)
     return Decision(Outcome.APPLIED, patch=_record_patch(node, taken, None))
 
 
-def taking(step: StepRef, pool: str, ready: bool) -> Callable[[NodeView], Decision]:
+def taking(step: StepRef, pool: str, ready: bool,
+           asked: int = 0) -> Callable[[NodeView], Decision]:
     """`decide_take` for one node, as `nodes.apply` calls a decision."""
-    return lambda node: decide_take(node, step, pool, ready)
+    return lambda node: decide_take(node, step, pool, ready, asked)
 
 
 def decide_return(node: NodeView, step: StepRef) -> Decision:
@@ -283,14 +311,15 @@ class ScaleDecision:
     patch: dict[str, Any] | None = None
 
 
-def machines_for(count: int, pending_gpus: int, gpus_per_machine: int) -> int:
-    """How many machines to add: `count` if set, else enough for the pending GPUs (at least
-    one; one when the machines' size is unknown)."""
+def machines_for(count: int, shortfall_gpus: int, gpus_per_machine: int) -> int:
+    """How many machines to add: `count` if set, else enough for the pool's shortfall (its
+    pending GPUs less those on their way; at least one, one when the machines' size is
+    unknown)."""
     if count > 0:
         return count
     if gpus_per_machine <= 0:
         return 1
-    return max(1, math.ceil(pending_gpus / gpus_per_machine))
+    return max(1, math.ceil(shortfall_gpus / gpus_per_machine))
 
 
 def decide_scale(md: MachineDeploymentView, step: StepRef, delta: int) -> ScaleDecision:

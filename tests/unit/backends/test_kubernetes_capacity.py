@@ -18,6 +18,7 @@ from services.backends.base import Outcome, StepRef
 from services.backends.kubernetes.capacity import (
     CapacityRecord,
     MachineDeploymentView,
+    StandbyChoice,
     StandbyNode,
     choose_returns,
     choose_standby,
@@ -55,9 +56,9 @@ def node(name: str, *, gpus: int = 8, standby: bool = True, cordoned: bool = Tru
 
 
 def added(step: StepRef = OTHER, pool: str = "default",
-          state: str = "added") -> CapacityRecord:
+          state: str = "added", asked: int = 0) -> CapacityRecord:
     return CapacityRecord(task_id=step.task_id, step=step.step, pool=pool,
-                          state=state)  # type: ignore[arg-type]
+                          state=state, asked=asked)  # type: ignore[arg-type]
 
 
 def test_only_a_cordoned_ready_standby_node_nobody_took_is_free() -> None:
@@ -72,23 +73,54 @@ def test_only_a_cordoned_ready_standby_node_nobody_took_is_free() -> None:
     assert "offline" in (why_not_free(node("a", taints=taint)) or "")
 
 
-def test_the_largest_free_nodes_of_the_pool_cover_the_pending_gpus() -> None:
+def choice(nodes: list[StandbyNode], pool: str, step: StepRef, count: int,
+           shortfall_gpus: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the step's nodes, the nodes to take now)."""
+    return choose_standby(nodes, pool, step, count, shortfall_gpus)[:2]
+
+
+def test_the_largest_free_nodes_of_the_pool_cover_the_shortfall() -> None:
     nodes = [node("small", gpus=4), node("b", gpus=8), node("a", gpus=8),
              node("other-pool", gpus=16, pool="inference"), node("busy", cordoned=False)]
-    assert choose_standby(nodes, "default", STEP, 0, pending_gpus=10) == ((), ("a", "b"))
-    assert choose_standby(nodes, "default", STEP, 0, pending_gpus=0) == ((), ("a",))
-    assert choose_standby(nodes, "default", STEP, 3, pending_gpus=0) == ((), ("a", "b", "small"))
-    # More than there are: all of them.
-    assert choose_standby(nodes, "default", STEP, 9, pending_gpus=0)[1] == ("a", "b", "small")
+    assert choose_standby(nodes, "default", STEP, 0, shortfall_gpus=10) == StandbyChoice(
+        (), ("a", "b"), asked=2)
+    assert choice(nodes, "default", STEP, 0, shortfall_gpus=0) == ((), ("a",))
+    assert choice(nodes, "default", STEP, 3, shortfall_gpus=0) == ((), ("a", "b", "small"))
+    # More than there are: all of them, and the step still asks for what it asked.
+    assert choose_standby(nodes, "default", STEP, 9, shortfall_gpus=0)[1:] == (
+        ("a", "b", "small"), 9)
     # A pool's own standby node serves it; one without the label serves any pool.
-    assert choose_standby(nodes, "inference", STEP, 1, pending_gpus=0) == ((), ("other-pool",))
+    assert choice(nodes, "inference", STEP, 1, shortfall_gpus=0) == ((), ("other-pool",))
 
 
 def test_a_resend_counts_what_the_step_already_took() -> None:
     nodes = [node("a", cordoned=False, record=added(STEP)), node("b"), node("c"),
              node("d", cordoned=False, record=added(OTHER))]
-    assert choose_standby(nodes, "default", STEP, 1, pending_gpus=0) == (("a",), ())
-    assert choose_standby(nodes, "default", STEP, 2, pending_gpus=0) == (("a",), ("b",))
+    assert choice(nodes, "default", STEP, 1, shortfall_gpus=0) == (("a",), ())
+    assert choice(nodes, "default", STEP, 2, shortfall_gpus=0) == (("a",), ("b",))
+
+
+def test_a_resend_of_no_count_takes_what_its_first_attempt_asked_and_did_not_take() -> None:
+    # The first attempt asked 2 for a 16-GPU shortfall and took "a": the resend takes one
+    # more, whatever the shortfall reads now (pods may not have landed on "a" yet, or have).
+    nodes = [node("a", cordoned=False, record=added(STEP, asked=2)), node("b"), node("c")]
+    assert choice(nodes, "default", STEP, 0, shortfall_gpus=8) == (("a",), ("b",))
+    assert choice(nodes, "default", STEP, 0, shortfall_gpus=0) == (("a",), ("b",))
+    assert choice(nodes, "default", STEP, 0, shortfall_gpus=24) == (("a",), ("b",))
+    # Its first attempt took all it asked: nothing more.
+    done = [node("a", cordoned=False, record=added(STEP, asked=1)), node("b")]
+    assert choice(done, "default", STEP, 0, shortfall_gpus=8) == (("a",), ())
+    # A record from before `asked` was kept: the nodes taken are what was asked.
+    legacy = [node("a", cordoned=False, record=added(STEP)), node("b")]
+    assert choice(legacy, "default", STEP, 0, shortfall_gpus=8) == (("a",), ())
+
+
+def test_the_record_keeps_how_many_the_step_asked() -> None:
+    taken = decide_take(node("a").view, STEP, "default", True, asked=3)
+    assert taken.patch is not None
+    raw = taken.patch["metadata"]["annotations"][CAPACITY_ANNOTATION]
+    assert record_of({CAPACITY_ANNOTATION: raw}) == CapacityRecord(
+        task_id=STEP.task_id, step=STEP.step, pool="default", asked=3)
 
 
 def test_gpus_to_cover_takes_at_least_one_node() -> None:
@@ -163,10 +195,10 @@ def machine_deployment(replicas: int, annotations: dict[str, str] | None = None,
 
 
 def test_machines_for_the_pending_gpus_at_least_one() -> None:
-    assert machines_for(2, pending_gpus=100, gpus_per_machine=8) == 2
-    assert machines_for(0, pending_gpus=17, gpus_per_machine=8) == 3
-    assert machines_for(0, pending_gpus=0, gpus_per_machine=8) == 1
-    assert machines_for(0, pending_gpus=17, gpus_per_machine=0) == 1
+    assert machines_for(2, shortfall_gpus=100, gpus_per_machine=8) == 2
+    assert machines_for(0, shortfall_gpus=17, gpus_per_machine=8) == 3
+    assert machines_for(0, shortfall_gpus=0, gpus_per_machine=8) == 1
+    assert machines_for(0, shortfall_gpus=17, gpus_per_machine=0) == 1
     assert machine_deployment(1, {GPU_COUNT_ANNOTATION: "4"}).gpus_per_machine == 4
     assert machine_deployment(1, {GPU_COUNT_ANNOTATION: "many"}).gpus_per_machine == 0
 
