@@ -143,29 +143,24 @@ class Observer:
             if victim.cordoned_at is None and node is not None and cordoned(node):
                 victim.cordoned_at = now
         if any(len(v.replaced_at) < len(v.pods) for v in self.victims):
-            # Grouped once per change, so each evicted pod looks only at its controller's.
-            by_key: dict[str, Mapping[str, Any]] = {}
-            by_owner: dict[str | None, list[Mapping[str, Any]]] = {}
-            for pod in self.cache.pods.values():
-                ref = PodRef.of(pod)
-                by_key[ref.key] = pod
-                by_owner.setdefault(ref.controller_uid, []).append(pod)
             for victim in self.victims:
-                self._follow(victim, by_key, by_owner, now)
+                self._follow(victim, now)
         return True if all(v.settled for v in self.victims) else None
 
-    def _follow(self, victim: Victim, by_key: Mapping[str, Mapping[str, Any]],
-                by_owner: Mapping[str | None, list[Mapping[str, Any]]], now: float) -> None:
+    def _follow(self, victim: Victim, now: float) -> None:
+        # The cache's own index of pods by controller, as the drain reads it: regrouping
+        # every pod of the cluster on each of the thousand nodes' status events made this
+        # watcher the heaviest process of the run.
         for pod in victim.pods:
             if pod.key in victim.replaced_at:
                 continue
             if pod.key not in victim.evicted_at:
-                current = by_key.get(pod.key)
+                current = self.cache.pods.get(pod.key)
                 if current is not None and current["metadata"].get("uid") == pod.uid \
                         and live(current):
                     continue
                 victim.evicted_at[pod.key] = now
-            match = find_replacement(pod, by_owner.get(pod.controller_uid, ()), self.claimed)
+            match = find_replacement(pod, self.cache.pods_of(pod.controller_uid), self.claimed)
             if match is not None:
                 self.claimed.add(match["metadata"]["uid"])
                 victim.replaced_at[pod.key] = now

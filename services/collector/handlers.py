@@ -19,7 +19,9 @@ from common.deadletter import DeadLetterPolicy, classify, records_of
 from common.errors import PermanentError
 from common.messaging import BulkPublisher, EventBus, parse_event
 from common.signing import CommandSigner
+from schemas.envelope import short_text
 from schemas.events.v1 import (
+    Alert,
     CommandPayload,
     CommandResult,
     Fault,
@@ -110,12 +112,30 @@ class Collector:
                             report.event_id, report.node_id, verdict)
                 outcomes[verdict] += 1
                 continue
+            if policy.seq_ahead_of_clock(report.seq, now, self.settings.future_skew_s):
+                await self._refuse_seq(report, record)
+                outcomes["dead_letter:implausible_seq"] += 1
+                continue
             usable.append(UsableReport(report, state_from_mode(report.mode), record,
                                        policy.summarize(report, SOURCE, now)))
         if usable:
             await self.apply(usable, outcomes, now)
         for outcome, count in outcomes.items():
             self.reports_counter.add(count, {"outcome": outcome})
+
+    async def _refuse_seq(self, report: NodeReport, record: ConsumerRecord[Any, Any]) -> None:
+        """Dead-letters a report whose seq is ahead of the clock, never adopting it, and
+        tells a person once a window per node: someone is sending reports in its name."""
+        detail = (f"seq {report.seq} of node {report.node_id!r} is ahead of this collector's "
+                  f"clock by more than {self.settings.future_skew_s:g} s: not adopted")
+        log.warning("report %s refused: %s", report.event_id, detail)
+        await self.dead_letters.dead_letter(record, "implausible_seq", detail)
+        key = f"implausible-seq.{report.cluster_id}.{report.node_id}"
+        if await self.store.first_alert(key, self.settings.bad_input_alert_window_s):
+            await self.bus.publish_many(Topic.OPS_ALERTS, [Alert(
+                event_id=uuid4(), source=SOURCE, occurred_at=self.clock(),
+                cluster_id=report.cluster_id, subject=report.node_id, severity="warning",
+                kind="implausible_report", dedup_key=key, message=short_text(detail))])
 
     async def apply(self, usable: list[UsableReport], outcomes: Counter[str],
                     now: datetime) -> None:

@@ -35,6 +35,15 @@ def timestamp_verdict(
     return "ok"
 
 
+def seq_ahead_of_clock(seq: int, now: datetime, future_skew_s: float) -> bool:
+    """A report seq no agent can have sent yet: an agent numbers its reports at least by its
+    clock in milliseconds (agent/journal.py `next_report_seq`), so a seq beyond now plus the
+    skew a timestamp may have is forged or broken. Adopted, it would make every genuine
+    report of the node look old until the clock caught up with it (one forged message would
+    take a healthy node down)."""
+    return seq > int((now.timestamp() + future_skew_s) * 1000)
+
+
 def heartbeat_state(
     seconds_since_report: float, interval_s: float, suspect_after_intervals: float,
     down_after_s: float,

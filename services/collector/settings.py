@@ -13,6 +13,10 @@ class CollectorSettings(ServiceSettings):
 
     batch_max_records: int = Field(default=500, ge=1, le=10_000)
     future_skew_s: float = Field(default=30.0, ge=0.0, description="Later than now + this: skewed.")
+    bad_input_alert_window_s: float = Field(
+        default=300.0, gt=0.0,
+        description="At most one alert a window per node for reports refused as forged or "
+                    "broken (a seq ahead of the clock).")
     stale_after_s: float = Field(default=600.0, gt=0.0, description="Older than this: stale.")
     suspect_after_intervals: float = Field(default=1.5, gt=1.0)
     down_after_s: float = Field(default=30.0, gt=0.0, description="Heartbeat grace period.")

@@ -286,6 +286,12 @@ class NodeStore:
         )
 
 
+    async def first_alert(self, dedup_key: str, ttl_s: float) -> bool:
+        """True for the first caller in `ttl_s` (every collector instance): raise the alert."""
+        return bool(await self.redis.set(self.keys.alert_raised(dedup_key), b"1", nx=True,
+                                         px=int(ttl_s * 1000)))
+
+
 def epoch_to_datetime(text: str) -> datetime:
     return datetime.fromtimestamp(float(text), UTC)
 

@@ -203,6 +203,11 @@ class Keys:
     def sweep_lock(self, name: str) -> str:
         return f"{self.prefix}sweep:{name}"
 
+    def alert_raised(self, dedup_key: str) -> str:
+        """Set (with a TTL) once an alert raised from bad input was published, so a flood of
+        it raises one alert a window, not one a message."""
+        return f"{self.prefix}alert-raised:{dedup_key}"
+
     # ----------------------------------- pools, capacity, child tasks, controls, rates, audit
 
     def pool_nodes(self, cluster: str, pool: str) -> str:

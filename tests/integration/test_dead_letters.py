@@ -37,6 +37,15 @@ def gpu_mutated(**changes: object) -> bytes:
     return json.dumps(data).encode().replace(b'"__NAN__"', b"NaN")
 
 
+async def node_hash(redis_url: str, namespace: str, node: str) -> dict[bytes | str, bytes | str]:
+    """The collector's state of a node of the test cluster."""
+    redis = Redis.from_url(redis_url)
+    try:
+        return await redis.hgetall(Keys(namespace).node("itest", node))
+    finally:
+        await redis.aclose()
+
+
 def holds_more_than(tap: Tap, count: int) -> Callable[[Record], bool]:
     """True once `tap` has received more than `count` records."""
     def check(_: Record) -> bool:
@@ -100,9 +109,51 @@ async def test_bad_reports_are_dead_lettered_and_the_next_good_one_is_processed(
             record = await samples.wait_for(lambda r: b"node-002" in r.value, 60, "a sample")
         batch = json.loads(record.value)
         assert [s["report_event_id"] for s in batch["samples"]] == [str(good.event_id)]
-        redis = Redis.from_url(redis_url)
-        try:
-            node = await redis.hgetall(Keys(namespace).node("itest", "node-002"))
-        finally:
-            await redis.aclose()
+        node = await node_hash(redis_url, namespace, "node-002")
         assert text(node[b"last_event_id"]) == str(good.event_id)
+
+
+async def test_reports_with_a_seq_ahead_of_the_clock_are_refused_and_genuine_ones_still_count(
+    kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    """The forgery the security review found: copies of a node's report with a seq far
+    ahead of its own made every genuine report look old, and the node went down. Now they
+    are dead-lettered as implausible, one alert tells a person, and the node's next genuine
+    report is applied."""
+    env = stack_env(kafka_bootstrap, redis_url, namespace, tmp_path)
+    reports_topic = name(Topic.NODE_REPORTS, namespace)
+    await register(redis_url, namespace, "itest", ["node-002"])
+
+    def genuine() -> NodeReport:
+        # As an agent numbers its reports: by its clock in milliseconds.
+        report = fresh_report()
+        return report.model_copy(update={"seq": int(report.occurred_at.timestamp() * 1000)})
+
+    forged = [fresh_report().model_copy(update={"seq": 2**62 + i}) for i in range(3)]
+    async with services(env, tmp_path, ("collector",)), \
+            tap(kafka_bootstrap, name(Topic.OPS_ALERTS, namespace)) as alerts:
+        async with producer(kafka_bootstrap) as prod:
+            for report in forged:
+                await prod.send_and_wait(reports_topic, report.model_dump_json().encode(),
+                                         key=b"node-002", partition=0)
+            after = genuine()
+            await prod.send_and_wait(reports_topic, after.model_dump_json().encode(),
+                                     key=b"node-002", partition=0)
+        async with tap(kafka_bootstrap, dead_letter_name(reports_topic)) as dlt:
+            await dlt.wait_for(holds_more_than(dlt, 2), 90, "three dead letters")
+        reasons = [dict(r.headers)["dlt-reason"].decode() for r in dlt.records]
+        assert reasons == ["implausible_seq"] * 3
+
+        async with tap(kafka_bootstrap, name(Topic.OPS_SAMPLES, namespace)) as samples:
+            record = await samples.wait_for(lambda r: b"node-002" in r.value, 60, "a sample")
+        batch = json.loads(record.value)
+        assert [s["report_event_id"] for s in batch["samples"]] == [str(after.event_id)]
+        alert = await alerts.wait_for(lambda r: b"implausible_report" in r.value, 30,
+                                      "the alert")
+        await alerts.catch_up()
+    raised = [r for r in alerts.records if b"implausible_report" in r.value]
+    assert len(raised) == 1  # one a window, however many forgeries
+    assert json.loads(alert.value)["subject"] == "node-002"
+    node = await node_hash(redis_url, namespace, "node-002")
+    assert text(node[b"last_event_id"]) == str(after.event_id)
+    assert int(text(node[b"seq"])) == after.seq

@@ -274,3 +274,13 @@ def test_a_sample_keeps_the_host_load() -> None:
     assert sample.memory_pct == pytest.approx(25.0, abs=0.01)
     assert sample.net_bytes_per_s == 15.0
     assert Sample.model_validate_json(sample.model_dump_json()) == sample
+
+
+def test_a_report_seq_ahead_of_the_clock_beyond_the_skew_is_implausible() -> None:
+    now = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+    now_ms = int(now.timestamp() * 1000)
+    assert not collector.seq_ahead_of_clock(now_ms, now, 30.0)
+    assert not collector.seq_ahead_of_clock(now_ms + 30_000, now, 30.0)  # within the skew
+    assert collector.seq_ahead_of_clock(now_ms + 30_001, now, 30.0)
+    assert collector.seq_ahead_of_clock(2**62, now, 30.0)
+    assert not collector.seq_ahead_of_clock(7, now, 30.0)  # a counter from 0 is never ahead
