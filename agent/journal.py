@@ -19,6 +19,7 @@ from uuid import UUID, uuid4
 
 from agent.effects import IN_PROGRESS
 from schemas.events.v1 import CommandResult, NodeMode
+from schemas.events.v1.values import REPORT_CLOCK_SKEW_S
 
 JOURNAL_FILE = "journal.sqlite3"
 
@@ -235,12 +236,16 @@ class Journal:
             self._set_interval(interval_s)
 
     def next_report_seq(self, now_ms: int) -> int:
-        """The next report seq: above the last one, and at least the wall clock in ms."""
+        """The next report seq: above the last one, and at least the wall clock in ms, but
+        never further ahead of the clock than the collector believes (REPORT_CLOCK_SKEW_S)."""
         # The clock keeps seq rising if the journal file is lost; the stored value keeps it
-        # rising if the clock steps back.
+        # rising if the clock steps back a little. After a clock that ran far ahead is set
+        # right, a seq kept rising from the stored value would be refused as implausible
+        # until the clock caught up; held to the clock's limit, at most one report is old.
+        ahead_limit = now_ms + int(REPORT_CLOCK_SKEW_S * 1000)
         with self._transaction():
             last = self._meta("report_seq")
-            seq = max(0 if last is None else last + 1, now_ms)
+            seq = max(min(0 if last is None else last + 1, ahead_limit), now_ms)
             self._db.execute(
                 "INSERT INTO meta (key, value) VALUES ('report_seq', ?)"
                 " ON CONFLICT(key) DO UPDATE SET value = excluded.value",

@@ -4,6 +4,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from common.settings import ServiceSettings
+from schemas.events.v1.values import REPORT_CLOCK_SKEW_S
 
 
 class CollectorSettings(ServiceSettings):
@@ -12,7 +13,8 @@ class CollectorSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="COLLECTOR_", extra="ignore", frozen=True)
 
     batch_max_records: int = Field(default=500, ge=1, le=10_000)
-    future_skew_s: float = Field(default=30.0, ge=0.0, description="Later than now + this: skewed.")
+    future_skew_s: float = Field(default=REPORT_CLOCK_SKEW_S, ge=0.0,
+                                 description="Later than now + this: skewed.")
     bad_input_alert_window_s: float = Field(
         default=300.0, gt=0.0,
         description="At most one alert a window per node for reports refused as forged or "

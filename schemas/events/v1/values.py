@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import AfterValidator, Field, StringConstraints
 
@@ -14,6 +14,10 @@ Percent = Annotated[float, Field(ge=0.0, le=100.0)]
 MiB = Annotated[int, Field(ge=0, le=4_194_304)]
 Count = Annotated[int, Field(ge=0, le=2**53)]
 Seq = Annotated[int, Field(ge=0, le=2**63 - 1)]
+REPORT_CLOCK_SKEW_S: Final = 30.0
+"""How far ahead of the collector's clock a report may be, its timestamp and its seq alike
+(an agent numbers its reports at least by its clock in milliseconds): beyond it, a timestamp
+is skewed and a seq implausible."""
 Priority = Annotated[int, Field(ge=0, le=9, description="0 is the most urgent.")]
 StepIndex = Annotated[int, Field(ge=0, le=63)]
 

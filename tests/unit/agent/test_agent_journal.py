@@ -166,3 +166,18 @@ def test_a_restart_fails_what_was_left_in_progress(state_dir: Path, now: datetim
         assert reopened.interrupt_in_progress(now) == []
     finally:
         reopened.close()
+
+
+def test_report_seq_is_held_within_the_clock_skew_the_collector_allows(
+        state_dir: Path) -> None:
+    # The clock ran an hour ahead, then was set right: seq keeps rising from the clock's
+    # limit (now + 30 s), which the collector accepts, not from the stored value an hour on.
+    journal = Journal.open(state_dir)
+    try:
+        hour_ahead = 3_600_000 + 10_000
+        assert journal.next_report_seq(hour_ahead) == hour_ahead
+        assert journal.next_report_seq(10_000) == 10_000 + 30_000
+        assert journal.next_report_seq(20_000) == 10_000 + 30_000 + 1
+        assert journal.next_report_seq(60_000) == 60_000
+    finally:
+        journal.close()
