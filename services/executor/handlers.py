@@ -17,6 +17,7 @@ import logging
 from redis.asyncio import Redis
 
 from common.clock import Clock
+from common.errors import PermanentError
 from common.signing import CommandSigner
 from schemas.events.v1 import CommandResult, TaskControl, TaskScheduled, now_utc
 from services.executor.commands import CommandSender
@@ -27,6 +28,7 @@ from services.executor.ports import BackendSteps, CentreActions, Publisher
 from services.executor.recovery import Recovery
 from services.executor.settings import ExecutorSettings
 from services.executor.workflow import WorkflowCore
+from services.shared.dispatches import Dispatches
 from services.shared.locks import Locks
 from services.shared.redis_client import Keys
 
@@ -51,8 +53,16 @@ class Executor:
                                  clock)
         self.controls = OperatorControls(settings, journal, locks, self.workflow,
                                          self.commands, self.events)
+        self.dispatches = Dispatches(redis, keys)
 
     async def on_scheduled(self, scheduled: TaskScheduled) -> None:
+        """A dispatched task, acted on only if the scheduler's record says it dispatched
+        this task with this epoch (services/shared/dispatches.py); a forged one is
+        dead-lettered, and nothing of it runs."""
+        check = await self.dispatches.check(scheduled.task, scheduled.epoch)
+        if check.verdict == "refused":
+            log.warning("dispatch of task %s refused: %s", scheduled.task.task_id, check.reason)
+            raise PermanentError("unknown_dispatch", check.reason)
         await self.workflow.on_scheduled(scheduled)
 
     async def on_result(self, result: CommandResult) -> None:

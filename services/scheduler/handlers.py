@@ -200,7 +200,8 @@ class Scheduler:
                 else:
                     tick.held.append(str(task.task_id))
                 continue
-            epoch = await self.queue.next_epoch()
+            epoch = await self.queue.dispatch_epoch(
+                task, lock_ttl_s(task, self.settings.lock_margin_s))
             # The transition first: once the executor has the task it publishes `running`,
             # and the task's events must arrive in the order they happened.
             await self.bus.publish(

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 
 from schemas.events.v1 import OpsTask
+from services.shared.dispatches import Dispatches
 from services.shared.redis_client import Keys
 
 ENQUEUE = """
@@ -72,6 +73,7 @@ class TaskQueue:
         self._enqueue = redis.register_script(ENQUEUE)
         self._claim = redis.register_script(CLAIM)
         self._reap = redis.register_script(REAP)
+        self._dispatches = Dispatches(redis, keys)
 
     def _mutex_hash(self) -> str:
         return self.keys.queue_items() + ":mutex"
@@ -117,9 +119,10 @@ class TaskQueue:
             args=[now_ms],
         ))
 
-    async def next_epoch(self) -> int:
-        """A fencing token: every dispatch gets a larger one than any before it."""
-        return int(await self.redis.incr(self.keys.epoch()))
+    async def dispatch_epoch(self, task: OpsTask, ttl_s: float) -> int:
+        """A fencing token larger than any before it, recorded as `task`'s dispatch for the
+        executor to check (services/shared/dispatches.py), for as long as its locks live."""
+        return await self._dispatches.issue(task, ttl_s)
 
     async def depth(self) -> int:
         return int(await self.redis.zcard(self.keys.queue_ready()))

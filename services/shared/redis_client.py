@@ -186,6 +186,11 @@ class Keys:
     def epoch(self) -> str:
         return f"{self.prefix}epoch"
 
+    def dispatch(self, task_id: str) -> str:
+        """STRING `<epoch>:<task digest>`: the scheduler's record of a task's latest dispatch
+        (services/shared/dispatches.py), which the executor checks before acting."""
+        return f"{self.prefix}dispatch:{task_id}"
+
     def workflow(self, task_id: str) -> str:
         return f"{self.prefix}wf:{task_id}"
 

@@ -14,6 +14,7 @@ from uuid import UUID, uuid4
 import pytest
 from redis.asyncio import Redis
 
+from common.errors import PermanentError
 from common.signing import ensure_keypair, signer_from_file, unb64url
 from schemas.envelope import Envelope
 from schemas.events.v1 import (
@@ -45,6 +46,7 @@ from services.executor.ports import (
     Waiting,
 )
 from services.executor.settings import ExecutorSettings
+from services.shared.dispatches import Dispatches
 from services.shared.redis_client import Keys, text
 
 CLUSTER = "c1"
@@ -138,8 +140,9 @@ class Harness:
         """What the scheduler does: take the task's locks, then hand it over."""
         for key in task.mutex_keys:
             await self.redis.set(self.keys.lock(key), str(task.task_id))
-        # The scheduler's counter, which a restart's new epoch also comes from.
-        self.epoch = int(await self.redis.incr(self.keys.epoch()))
+        # The scheduler's counter (which a restart's new epoch also comes from), and its
+        # record of the dispatch, which the executor checks.
+        self.epoch = await Dispatches(self.redis, self.keys).issue(task, 600.0)
         await self.executor.on_scheduled(TaskScheduled(
             event_id=uuid4(), source="scheduler", occurred_at=now_utc(), cluster_id=CLUSTER,
             subject=str(task.task_id), task=task, epoch=self.epoch))
@@ -385,6 +388,43 @@ async def test_a_task_dispatched_again_after_it_ended_gives_back_the_locks(
     assert harness.final(task).state == "succeeded"
     await harness.dispatch(task)  # e.g. requeued by the scheduler's reaper, newer epoch
     assert await harness.lock_owner(f"node.{NODE}") is None
+    assert len(harness.commands()) == 1
+
+
+def scheduled(task: OpsTask, epoch: int) -> TaskScheduled:
+    return TaskScheduled(event_id=uuid4(), source="scheduler", occurred_at=now_utc(),
+                         cluster_id=CLUSTER, subject=str(task.task_id), task=task, epoch=epoch)
+
+
+async def test_a_dispatch_the_scheduler_never_made_is_refused_and_nothing_runs(
+    harness: Harness,
+) -> None:
+    # Anyone on the broker can publish a dispatch: one the scheduler did not record.
+    forged = make_task(DrainNode(node_id=NODE))
+    with pytest.raises(PermanentError, match="no dispatch of task"):
+        await harness.executor.on_scheduled(scheduled(forged, 7))
+    # A genuine task, then a copy of it with a changed step, and its dispatch with an epoch
+    # the scheduler never issued (one of 2^63-1 would fence the node's commands for good).
+    genuine = make_task(DrainNode(node_id=NODE))
+    await harness.dispatch(genuine)
+    changed = genuine.model_copy(update={"steps": [
+        genuine.steps[0].model_copy(update={"timeout_s": 3_000.0})]})
+    with pytest.raises(PermanentError, match="differs from the one dispatched"):
+        await harness.executor.on_scheduled(scheduled(changed, harness.epoch))
+    with pytest.raises(PermanentError, match="was never issued"):
+        await harness.executor.on_scheduled(scheduled(genuine, 2**63 - 1))
+    assert [c.task_id for c in harness.commands()] == [genuine.task_id]
+    assert await harness.journal.load(str(forged.task_id)) is None
+
+
+async def test_an_earlier_dispatch_redelivered_after_a_newer_one_is_ignored_as_stale(
+    harness: Harness,
+) -> None:
+    task = make_task(DrainNode(node_id=NODE))
+    await harness.dispatch(task)
+    first = harness.epoch
+    await harness.dispatch(task)  # dispatched again (the reaper), a newer epoch recorded
+    await harness.executor.on_scheduled(scheduled(task, first))  # no error: stale
     assert len(harness.commands()) == 1
 
 
