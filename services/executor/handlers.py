@@ -28,9 +28,9 @@ from services.executor.ports import BackendSteps, CentreActions, Publisher
 from services.executor.recovery import Recovery
 from services.executor.settings import ExecutorSettings
 from services.executor.workflow import WorkflowCore
-from services.shared.dispatches import Dispatches
 from services.shared.locks import Locks
 from services.shared.redis_client import Keys
+from services.shared.vouchers import ControlVouchers, Dispatches
 
 log = logging.getLogger("clusterwarden.executor")
 
@@ -54,10 +54,11 @@ class Executor:
         self.controls = OperatorControls(settings, journal, locks, self.workflow,
                                          self.commands, self.events)
         self.dispatches = Dispatches(redis, keys)
+        self.control_vouchers = ControlVouchers(redis, keys)
 
     async def on_scheduled(self, scheduled: TaskScheduled) -> None:
         """A dispatched task, acted on only if the scheduler's record says it dispatched
-        this task with this epoch (services/shared/dispatches.py); a forged one is
+        this task with this epoch (services/shared/vouchers.py); a forged one is
         dead-lettered, and nothing of it runs."""
         check = await self.dispatches.check(scheduled.task, scheduled.epoch)
         if check.verdict == "refused":
@@ -81,6 +82,11 @@ class Executor:
         await self.workflow.on_result(indexed, result)
 
     async def on_control(self, control: TaskControl) -> None:
+        """An operator's control, applied only if the API vouched for it (it checked the
+        operator's role and audited it); a forged one is dead-lettered."""
+        if (refused := await self.control_vouchers.check(control)) is not None:
+            log.warning("control refused: %s", refused)
+            raise PermanentError("unvouched_control", refused)
         await self.controls.on_control(control)
 
     async def sweep_deadlines(self) -> None:

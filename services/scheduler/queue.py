@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 
 from schemas.events.v1 import OpsTask
-from services.shared.dispatches import Dispatches
 from services.shared.redis_client import Keys
+from services.shared.vouchers import Dispatches
 
 ENQUEUE = """
 if redis.call('SADD', KEYS[1], ARGV[1]) == 0 then return 0 end
@@ -121,7 +121,7 @@ class TaskQueue:
 
     async def dispatch_epoch(self, task: OpsTask, ttl_s: float) -> int:
         """A fencing token larger than any before it, recorded as `task`'s dispatch for the
-        executor to check (services/shared/dispatches.py), for as long as its locks live."""
+        executor to check (services/shared/vouchers.py), for as long as its locks live."""
         return await self._dispatches.issue(task, ttl_s)
 
     async def depth(self) -> int:

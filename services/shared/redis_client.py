@@ -188,8 +188,13 @@ class Keys:
 
     def dispatch(self, task_id: str) -> str:
         """STRING `<epoch>:<task digest>`: the scheduler's record of a task's latest dispatch
-        (services/shared/dispatches.py), which the executor checks before acting."""
+        (services/shared/vouchers.py), which the executor checks before acting."""
         return f"{self.prefix}dispatch:{task_id}"
+
+    def control_voucher(self, control_id: str) -> str:
+        """STRING: the digest of an operator control the API audited and published
+        (services/shared/vouchers.py), which the executor checks before applying it."""
+        return f"{self.prefix}control-voucher:{control_id}"
 
     def workflow(self, task_id: str) -> str:
         return f"{self.prefix}wf:{task_id}"

@@ -118,15 +118,15 @@ async def test_retry_jump_and_restart_succeed_and_maintenance_holds_a_node(
                         if a not in UPKEEP_ACTIONS] == []
 
                 # ---- retry, jump (then resume) and restart ----------------------------
-                await control(prod, namespace, failed["node-001"], "retry", "alice",
+                await control(prod, redis, namespace, failed["node-001"], "retry", "alice",
                               "offline fixed")
-                await control(prod, namespace, failed["node-002"], "jump", "alice",
+                await control(prod, redis, namespace, failed["node-002"], "jump", "alice",
                               "drained already", step_index=1)
-                await control(prod, namespace, failed["node-003"], "restart", "alice",
+                await control(prod, redis, namespace, failed["node-003"], "restart", "alice",
                               "from the top")
                 await watch.wait_for(has_event(watch, failed["node-002"], applied("jump")),
                                      60, "the jump applied")
-                await control(prod, namespace, failed["node-002"], "resume", "alice", "go")
+                await control(prod, redis, namespace, failed["node-002"], "resume", "alice", "go")
                 for node, task in failed.items():
                     await watch.wait_for(has_event(watch, task, final("succeeded")), 120,
                                          f"{node}'s task to succeed after the operator")

@@ -19,6 +19,7 @@ from uuid import UUID, uuid4
 
 import pytest
 from aiokafka import AIOKafkaProducer
+from redis.asyncio import Redis
 
 from agent import fleet
 from agent.journal import JOURNAL_FILE
@@ -33,6 +34,7 @@ from schemas.events.v1 import (
 from schemas.topics import Topic
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.registry import register
+from services.shared.vouchers import ControlVouchers
 from tests.integration.harness import (
     Record,
     Tap,
@@ -95,11 +97,15 @@ def commands_sent(events: Tap) -> list[CommandPayload]:
             for r in events.records if r.topic.endswith(Topic.NODE_COMMANDS.value)]
 
 
-async def control(prod: AIOKafkaProducer, namespace: str, task_id: UUID, action: Control,
-                  actor: str, reason: str, step_index: int | None = None) -> None:
+async def control(prod: AIOKafkaProducer, redis: Redis, namespace: str, task_id: UUID,
+                  action: Control, actor: str, reason: str,
+                  step_index: int | None = None) -> None:
+    """What the API does after it checked the operator's role and audited the control:
+    vouch for it, then publish it."""
     event = TaskControl(event_id=uuid4(), source="itest-console", occurred_at=now_utc(),
                         cluster_id="itest", subject=str(task_id), task_id=task_id,
                         action=action, step_index=step_index, actor=actor, reason=reason)
+    await ControlVouchers(redis, Keys(namespace)).vouch(event)
     await prod.send_and_wait(name(Topic.OPS_TASK_CONTROL, namespace),
                              event.model_dump_json().encode(), key=str(task_id).encode())
 
@@ -186,15 +192,15 @@ async def test_an_operator_pauses_resumes_and_terminates_running_tasks(
                 assert paused_task is not None
 
                 # Illegal while the task runs: resume (nothing is paused) and jump.
-                await control(prod, namespace, paused_task, "resume", "alice", "try resume")
+                await control(prod, redis, namespace, paused_task, "resume", "alice", "try resume")
                 await watch.wait_for(has_event(watch, paused_task, refused("resume")), 30,
                                      "the resume of a running task refused")
-                await control(prod, namespace, paused_task, "jump", "alice", "skip ahead",
+                await control(prod, redis, namespace, paused_task, "jump", "alice", "skip ahead",
                               step_index=1)
                 await watch.wait_for(has_event(watch, paused_task, refused("jump")), 30,
                                      "the jump of a running task refused")
 
-                await control(prod, namespace, paused_task, "pause", "alice",
+                await control(prod, redis, namespace, paused_task, "pause", "alice",
                               "hold for maintenance")
                 await watch.wait_for(has_event(
                     watch, paused_task, lambda e: e.outputs.get("control") == "pause"
@@ -203,7 +209,7 @@ async def test_an_operator_pauses_resumes_and_terminates_running_tasks(
                 # The step runs on: only its end pauses the task. A second pause, handled
                 # after the first, is refused as waiting (not as paused); by then everything
                 # the first led to is on the topics.
-                await control(prod, namespace, paused_task, "pause", "alice", "again")
+                await control(prod, redis, namespace, paused_task, "pause", "alice", "again")
                 await watch.wait_for(has_event(
                     watch, paused_task, lambda e: refused("pause")(e)
                     and "a pause is already requested" in e.reason), 30,
@@ -236,7 +242,7 @@ async def test_an_operator_pauses_resumes_and_terminates_running_tasks(
                 # a later control of the task (a retry, refused: it is paused, not failed),
                 # and the task has no timer left that could start a step (the deadline sweep
                 # only acts on those).
-                await control(prod, namespace, paused_task, "retry", "alice", "again")
+                await control(prod, redis, namespace, paused_task, "retry", "alice", "again")
                 await watch.wait_for(has_event(
                     watch, paused_task, lambda e: refused("retry")(e)
                     and "it is paused" in e.reason), 30, "the retry of a paused task refused")
@@ -245,7 +251,7 @@ async def test_an_operator_pauses_resumes_and_terminates_running_tasks(
                                for e in of_task(watch, paused_task))
                 assert not await timers(str(paused_task))
 
-                await control(prod, namespace, paused_task, "resume", "alice", "window over")
+                await control(prod, redis, namespace, paused_task, "resume", "alice", "window over")
                 await watch.wait_for(
                     has_event(watch, paused_task, lambda e: e.state == "succeeded"), 60,
                     "the resumed task to succeed")
@@ -279,7 +285,7 @@ async def test_an_operator_pauses_resumes_and_terminates_running_tasks(
                 assert await redis.exists(*locks) == len(locks)
                 drain_id = first_start(watch, doomed).command_id
 
-                await control(prod, namespace, doomed, "terminate", "bob", "wrong node")
+                await control(prod, redis, namespace, doomed, "terminate", "bob", "wrong node")
                 await watch.wait_for(
                     has_event(watch, doomed, lambda e: e.state == "terminated"), 30,
                     "the task terminated")

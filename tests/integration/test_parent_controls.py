@@ -163,10 +163,10 @@ async def test_pause_resume_retry_and_jump_of_a_parent_reach_its_open_children(
                 await watch.wait_for(held(first), 60, "both moves held by maintenance")
 
                 # ---- 1. pause and resume reach both children
-                await control(prod, namespace, pid, "pause", "alice", "look first")
+                await control(prod, redis, namespace, pid, "pause", "alice", "look first")
                 await watch.wait_for(reaches(watch, first, "pause"), 60,
                                      "the pause at both children")
-                await control(prod, namespace, pid, "resume", "alice", "carry on")
+                await control(prod, redis, namespace, pid, "resume", "alice", "carry on")
                 await watch.wait_for(reaches(watch, first, "resume"), 60,
                                      "the resume at both children")
                 for child in first:
@@ -186,7 +186,7 @@ async def test_pause_resume_retry_and_jump_of_a_parent_reach_its_open_children(
                 failure = next(e for e in of_task(watch, pid) if e.state == "failed"
                                and e.step_state is None)
                 assert failure.step_index == MIGRATE_STEP, trail(watch, pid)
-                await control(prod, namespace, pid, "retry", "alice", "moves once more")
+                await control(prod, redis, namespace, pid, "retry", "alice", "moves once more")
                 await watch.wait_for(reaches(watch, first, "retry"), 60,
                                      "the retry superseding both children")
                 for child in first:
@@ -204,13 +204,13 @@ async def test_pause_resume_retry_and_jump_of_a_parent_reach_its_open_children(
                 await watch.wait_for(
                     parent_in(watch, pid, lambda _: failed_run(2)(of_task(watch, pid))),
                     4 * MIGRATE_TIMEOUT_S + 60, "the parent to fail a second time")
-                await control(prod, namespace, pid, "jump", "alice", "moves later, by hand",
+                await control(prod, redis, namespace, pid, "jump", "alice", "moves later, by hand",
                               step_index=MIGRATE_STEP + 1)
                 await watch.wait_for(reaches(watch, second, "jump"), 60,
                                      "the jump superseding the new moves")
                 await watch.wait_for(parent_in(watch, pid, applied("jump")), 60,
                                      "the jump at the parent")
-                await control(prod, namespace, pid, "resume", "alice", "finish")
+                await control(prod, redis, namespace, pid, "resume", "alice", "finish")
                 await watch.wait_for(
                     parent_in(watch, pid, lambda e: e.state == "succeeded"
                               and e.step_state is None), 120, "the parent to succeed")

@@ -19,6 +19,7 @@ from services.api.control import decide
 from services.api.deps import Admin, Operator, Runtime, RuntimeDep, Viewer, audit, client_detail
 from services.api.publisher import PublishFailed
 from services.executor.control import ControlAction
+from services.shared.vouchers import ControlVouchers
 from services.store.queries import TaskFilter, get_task, list_tasks
 from services.store.views import TaskDetail, TaskRow
 
@@ -119,8 +120,10 @@ async def control(rt: Runtime, principal: Principal, request: Request, task_id: 
         actor=principal.user, reason=reason,
     )
     detail |= {"control_event_id": str(event.event_id), "state": task.state}
-    # Audited before it is published: no control leaves without its entry.
+    # Audited before it is published: no control leaves without its entry; vouched for, so
+    # the executor applies it (and no control published by anyone else).
     await audit(rt, principal, action, target, reason, "accepted", detail)
+    await ControlVouchers(rt.redis, rt.keys).vouch(event)
     try:
         await rt.publisher.publish(Topic.OPS_TASK_CONTROL, event)
     except PublishFailed as err:

@@ -29,6 +29,7 @@ from schemas.events.v1 import (
     OutputValue,
     Step,
     StepAction,
+    TaskControl,
     TaskEvent,
     TaskScheduled,
     now_utc,
@@ -46,8 +47,8 @@ from services.executor.ports import (
     Waiting,
 )
 from services.executor.settings import ExecutorSettings
-from services.shared.dispatches import Dispatches
 from services.shared.redis_client import Keys, text
+from services.shared.vouchers import ControlVouchers, Dispatches
 
 CLUSTER = "c1"
 NODE = "n1"
@@ -135,6 +136,11 @@ class Harness:
         await self.schedule(task)
         # Steps through a cluster's backend run beside the consumer: let them end.
         await self.executor.idle()
+
+    async def control(self, control: TaskControl) -> None:
+        """What the API does: vouch for an operator's control, publish it (to the executor)."""
+        await ControlVouchers(self.redis, self.keys).vouch(control)
+        await self.executor.on_control(control)
 
     async def schedule(self, task: OpsTask) -> None:
         """What the scheduler does: take the task's locks, then hand it over."""

@@ -12,6 +12,7 @@ from uuid import UUID, uuid4
 import pytest
 from redis.asyncio import Redis
 
+from common.errors import PermanentError
 from schemas.events.v1 import (
     DrainNode,
     MigrateJobs,
@@ -23,6 +24,7 @@ from schemas.events.v1 import (
 from services.executor.commands import command_id_for
 from services.executor.ports import Waiting
 from services.shared.redis_client import Keys
+from services.shared.vouchers import ControlVouchers
 from tests.service.executor.test_handlers import (
     CLUSTER,
     NODE,
@@ -57,7 +59,7 @@ async def send(harness: Harness, task: OpsTask | UUID, action: Action,
     """Apply a control; the first event about the task it caused (the transition)."""
     ctl = control(task, action, step)
     before = len(harness.events())
-    await harness.executor.on_control(ctl)
+    await harness.control(ctl)
     return next(e for e in harness.events()[before:] if e.task_id == ctl.task_id)
 
 
@@ -135,7 +137,22 @@ async def test_a_redelivered_control_acts_once(harness: Harness) -> None:
     await harness.answer(harness.last_command(), "failed", "injected_failure")
     pause, resume = control(task, "pause"), control(task, "resume")
     for ctl in (pause, resume, pause):  # the pause is delivered again after the resume
-        await harness.executor.on_control(ctl)
+        await harness.control(ctl)
+    assert (await harness.wf(task)).state == "running"
+
+
+async def test_a_control_the_api_did_not_vouch_for_is_refused_and_changes_nothing(
+        harness: Harness) -> None:
+    task = drain_offline()
+    await harness.dispatch(task)
+    # Published by someone who reached the broker, past the API's roles and audit.
+    with pytest.raises(PermanentError, match="was not sent through the API"):
+        await harness.executor.on_control(control(task, "terminate"))
+    # One the API vouched for, changed on the way.
+    vouched = control(task, "terminate")
+    await ControlVouchers(harness.redis, harness.keys).vouch(vouched)
+    with pytest.raises(PermanentError, match="differs from the one the API sent"):
+        await harness.executor.on_control(vouched.model_copy(update={"action": "pause"}))
     assert (await harness.wf(task)).state == "running"
 
 

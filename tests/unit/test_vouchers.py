@@ -5,7 +5,7 @@ from __future__ import annotations
 from uuid import uuid4
 
 from schemas.events.v1 import DrainNode, OpsTask, Step, now_utc
-from services.shared.dispatches import judge, task_digest
+from services.shared.vouchers import judge, task_digest
 
 
 def task() -> OpsTask:
