@@ -30,18 +30,12 @@ class ServiceHealth:
                                      self.live, self.ready)
                         if settings.health_port else None)
 
-    @property
-    def port(self) -> int | None:
-        """Where the endpoints listen once opened (None: not served)."""
-        return self._server.port if self._server else None
-
     def watch(self, loops: Sequence[asyncio.Task[None]]) -> None:
         """The background loops whose end is a death (the list `build_app` fills)."""
         self._loops = loops
 
     async def live(self) -> Answer:
-        ended = (checks.ended_tasks(self._loops) + checks.ended_consumers(self._broker)
-                 if self.phase is Phase.RUNNING else [])
+        ended = checks.ended_tasks(self._loops) + checks.ended_consumers(self._broker)
         return liveness(self.phase, ended)
 
     async def ready(self) -> Answer:

@@ -1,7 +1,8 @@
 """The health endpoints of real services against the real Kafka broker and redis-server: the
 scheduler, run as the launcher runs it, is ready and alive, then not ready (naming Redis) and
-still alive once its Redis is gone; a background loop or a consumer that ended makes a
-service's /livez 503; the store service's readiness asks its database."""
+still alive once its Redis is gone; a service still starting is alive and not ready; a
+background loop or a consumer that ended makes a service's /livez 503; the store service's
+readiness asks its database."""
 
 from __future__ import annotations
 
@@ -135,6 +136,34 @@ def settings_for(kafka_bootstrap: str, namespace: str, tmp_path: Path,
                  port: int) -> ServiceSettings:
     return ServiceSettings(kafka_bootstrap_servers=kafka_bootstrap, namespace=namespace,
                            state_dir=str(tmp_path), health_port=port)
+
+
+async def test_a_service_starting_is_alive_and_not_yet_ready(
+        kafka_bootstrap: str, namespace: str, tmp_path: Path) -> None:
+    port = free_port()
+    held = asyncio.Event()
+
+    async def slow_starter() -> None:
+        await held.wait()  # as a migration waiting for another process's lock
+
+    app = build_app(KafkaBroker(kafka_bootstrap), settings_for(kafka_bootstrap, namespace,
+                                                               tmp_path, port),
+                    starters=[slow_starter])
+    starting = asyncio.create_task(app.start())
+    try:
+        body: dict[str, Any] = await eventually(lambda: body_if(port, "/readyz", 503),
+                                                "/readyz answering while start-up runs")
+        assert body == {"status": "starting", "reason": "start-up not finished"}
+        assert await health_of(port, "/livez") == (200, {"status": "ok"})
+        held.set()
+        await starting
+        assert (await health_of(port, "/readyz") or (0,))[0] == 200
+    finally:
+        held.set()
+        await starting
+        await app.stop()
+        with contextlib.suppress(Exception):
+            await delete_topics(kafka_bootstrap, namespace)
 
 
 async def test_a_background_loop_that_ends_makes_livez_503(
