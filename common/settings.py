@@ -41,3 +41,25 @@ class ServiceSettings(BaseSettings):
         default=".state",
         validation_alias=AliasChoices("WARDEN_STATE_DIR", "state_dir"),
     )
+    # The health endpoints of a FastStream service (services/shared/health, docs/helm.md).
+    # Off by default: the demo and the tests run many services on one machine, and one port
+    # for all would collide; a pod has one service and turns them on.
+    health_port: int = Field(
+        default=0,
+        ge=0,
+        le=65_535,
+        validation_alias=AliasChoices("WARDEN_HEALTH_PORT", "health_port"),
+        description="Port of /livez and /readyz; 0: not served.",
+    )
+    health_host: str = Field(
+        default="127.0.0.1",
+        validation_alias=AliasChoices("WARDEN_HEALTH_HOST", "health_host"),
+        description="Listen address of the health endpoints (0.0.0.0 in a pod, for the kubelet).",
+    )
+    health_check_timeout_s: float = Field(
+        default=2.0,
+        gt=0,
+        le=30,
+        validation_alias=AliasChoices("WARDEN_HEALTH_CHECK_TIMEOUT_S", "health_check_timeout_s"),
+        description="How long /readyz waits for each dependency (they are asked at once).",
+    )

@@ -15,6 +15,7 @@ from schemas.topics import Topic
 from services.alerts.delivery import Deliverer
 from services.alerts.handlers import AlertsService
 from services.alerts.settings import AlertsSettings
+from services.shared.health import checks
 from services.shared.runtime import build_app
 from services.store.db import migrate, open_store
 
@@ -37,4 +38,5 @@ def create_app(settings: AlertsSettings | None = None) -> FastStream:
 
     return build_app(broker, settings,
                      loops=[("alerts-delivery", settings.delivery_interval_s, deliver)],
-                     starters=[migrate_schema], closers=[deliverer.close, store.close])
+                     starters=[migrate_schema], closers=[deliverer.close, store.close],
+                     dependencies=[checks.database(store.engine)])

@@ -14,6 +14,7 @@ from services.analyzer.needs import enabled
 from services.analyzer.planning import planner_for
 from services.analyzer.settings import AnalyzerSettings
 from services.analyzer.store import AnalyzerStore, PoolStore
+from services.shared.health import checks
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import build_app
 
@@ -46,4 +47,5 @@ def create_app(settings: AnalyzerSettings | None = None) -> FastStream:
         planner = planner_for(settings, pools, bus)
         loops.append(("capacity-planning", settings.planning.period_s, planner.tick))
         closers.append(planner.close)
-    return build_app(broker, settings, loops=loops, closers=closers)
+    return build_app(broker, settings, loops=loops, closers=closers,
+                     dependencies=[checks.redis(redis)])

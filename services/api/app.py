@@ -30,7 +30,7 @@ from services.api.forecasting import ForecastCache
 from services.api.publisher import Publisher
 from services.api.routes import alerts as alert_routes
 from services.api.routes import audit as audit_routes
-from services.api.routes import cluster, maintenance, me, ml, plans, tasks
+from services.api.routes import cluster, health, maintenance, me, ml, plans, tasks
 from services.api.routes import templates as template_routes
 from services.api.settings import ApiSettings
 from services.scheduler.settings import SchedulerSettings
@@ -132,12 +132,8 @@ def create_api(settings: ApiSettings | None = None) -> FastAPI:
                         client_detail(request) | {"fields": fields})
         return await request_validation_exception_handler(request, exc)
 
-    @app.get("/healthz", tags=["health"], summary="Liveness (no token needed)")
-    async def healthz() -> JSONResponse:
-        return JSONResponse({"status": "ok"})
-
     for routes in (tasks, template_routes, cluster, plans, audit_routes, me, ml, alert_routes,
-                   maintenance):
+                   maintenance, health):
         app.include_router(routes.router)
     # Last: the console takes every path no API route matched.
     console = Path(settings.console_dir) if settings.console_dir else CONSOLE_DIR

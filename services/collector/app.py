@@ -12,6 +12,7 @@ from services.collector.handlers import Collector, Prober
 from services.collector.peers import PeerStore, PeerWatch
 from services.collector.settings import CollectorSettings
 from services.collector.store import NodeStore, ProbeStore
+from services.shared.health import checks
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import build_app
 
@@ -55,4 +56,5 @@ def create_app(settings: CollectorSettings | None = None) -> FastStream:
                ("peers", settings.peer_assign_period_s, collector.assign_peers)],
         starters=[bulk.start],
         closers=[bulk.stop, redis.aclose],
+        dependencies=[checks.redis(redis)],
     )

@@ -11,6 +11,7 @@ from schemas.topics import Topic
 from services.executor.handlers import Executor
 from services.executor.journal import Journal
 from services.executor.settings import ExecutorSettings
+from services.shared.health import checks
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import build_app
 
@@ -43,4 +44,5 @@ def create_app(settings: ExecutorSettings | None = None) -> FastStream:
         broker, settings,
         loops=[("deadline-sweep", settings.deadline_sweep_interval_s, executor.sweep_deadlines)],
         closers=[executor.stop, backends.close, redis.aclose],
+        dependencies=[checks.redis(redis)],
     )

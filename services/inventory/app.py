@@ -16,6 +16,7 @@ from common.telemetry import setup_telemetry
 from services.backends.opened import OpenedBackends
 from services.inventory.reporter import DemandReporter
 from services.inventory.settings import InventorySettings
+from services.shared.health import checks
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import build_app
 
@@ -31,4 +32,5 @@ def create_app(settings: InventorySettings | None = None) -> FastStream:
                               ttl_s=settings.period_s * settings.ttl_periods)
     return build_app(broker, settings,
                      loops=[("pending-jobs", settings.period_s, reporter.tick)],
-                     closers=[backends.close, redis.aclose])
+                     closers=[backends.close, redis.aclose],
+                     dependencies=[checks.redis(redis)])

@@ -18,6 +18,7 @@ from services.router.handlers import ReportFeed, Router
 from services.router.registry import Registry
 from services.router.settings import RouterSettings
 from services.router.stats_store import StatsStore
+from services.shared.health import checks
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import build_app
 
@@ -47,4 +48,5 @@ def create_app(settings: RouterSettings | None = None) -> FastStream:
         loops=[("ml-sweep", settings.sweep_interval_s, router.sweep),
                ("ml-demand", settings.demand_period_s, router.report_demand)],
         closers=[redis.aclose],
+        dependencies=[checks.redis(redis)],
     )

@@ -14,6 +14,7 @@ from services.scheduler.rate_limit import RateLimiter
 from services.scheduler.relations_store import RelationStore
 from services.scheduler.safety_store import SafetyStore
 from services.scheduler.settings import SchedulerSettings
+from services.shared.health import checks
 from services.shared.maintenance import MaintenanceStore
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import build_app
@@ -40,4 +41,5 @@ def create_app(settings: SchedulerSettings | None = None) -> FastStream:
         broker, settings,
         loops=[("dispatcher", settings.dispatch_interval_s, scheduler.dispatch)],
         closers=[redis.aclose],
+        dependencies=[checks.redis(redis)],
     )

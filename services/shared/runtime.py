@@ -14,6 +14,9 @@ from faststream.kafka import KafkaBroker
 from common.messaging import ensure_topics
 from common.settings import ServiceSettings
 from common.telemetry import shutdown_telemetry
+from services.shared.health.checks import Dependency
+from services.shared.health.policy import Phase
+from services.shared.health.service import ServiceHealth
 
 log = logging.getLogger("clusterwarden.runtime")
 
@@ -52,12 +55,22 @@ def build_app(
     loops: Sequence[tuple[str, float, Tick]] = (),
     starters: Sequence[Callable[[], Awaitable[None]]] = (),
     closers: Sequence[Callable[[], Awaitable[None]]] = (),
+    dependencies: Sequence[Dependency] = (),
 ) -> FastStream:
-    """An app that creates its topics, runs `starters`, the broker, `loops`, then `closers`."""
+    """An app that creates its topics, runs `starters`, the broker, `loops`, then `closers`.
+
+    Its health endpoints (with WARDEN_HEALTH_PORT) answer from the first moment to the last:
+    ready once the loops run, while the broker and `dependencies` answer; alive while no loop
+    or consumer has ended.
+    """
     configure_logging()
     tasks: list[asyncio.Task[None]] = []
+    health = ServiceHealth(broker, settings, dependencies)
+    health.watch(tasks)
 
     async def create_topics() -> None:
+        # First: a slow start-up (Kafka still coming up) answers "alive, starting".
+        await health.open()
         await ensure_topics(settings.kafka_bootstrap_servers, settings.namespace)
         for starter in starters:
             await starter()
@@ -65,8 +78,11 @@ def build_app(
     async def start_loops() -> None:
         for name, interval, tick in loops:
             tasks.append(asyncio.create_task(run_every(interval, tick, name), name=name))
+        health.phase = Phase.RUNNING
 
     async def stop_loops() -> None:
+        # Before the loops are cancelled: their end is no death, and no longer ready.
+        health.phase = Phase.STOPPING
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -75,9 +91,12 @@ def build_app(
         tasks.clear()
 
     async def close() -> None:
-        for closer in closers:
-            await closer()
-        shutdown_telemetry()
+        try:
+            for closer in closers:
+                await closer()
+            shutdown_telemetry()
+        finally:
+            await health.close()
 
     return FastStream(
         broker,

@@ -13,6 +13,7 @@ from faststream import FastStream
 from common.messaging import make_broker, subscribe
 from common.telemetry import setup_telemetry
 from schemas.topics import Topic
+from services.shared.health import checks
 from services.shared.runtime import build_app
 from services.store.db import migrate, open_store
 from services.store.ml import MlRecorder
@@ -39,4 +40,5 @@ def create_app(settings: StoreSettings | None = None) -> FastStream:
     async def migrate_schema() -> None:
         await migrate(settings.database_url)
 
-    return build_app(broker, settings, starters=[migrate_schema], closers=[store.close])
+    return build_app(broker, settings, starters=[migrate_schema], closers=[store.close],
+                     dependencies=[checks.database(store.engine)])

@@ -10,6 +10,7 @@ from common.messaging import EventBus, make_broker, subscribe
 from common.telemetry import setup_telemetry
 from schemas.events.v1 import NeedKind, TemplateChanged
 from schemas.topics import Topic
+from services.shared.health import checks
 from services.shared.runtime import build_app
 from services.store.db import migrate, open_store
 from services.store.template_seed import seed_templates
@@ -51,5 +52,5 @@ def create_app(settings: TemplaterSettings | None = None) -> FastStream:
               live.on_template_change)
     return build_app(broker, settings, starters=[load],
                      loops=[("template-reload", settings.reload_interval_s, live.tick)],
-                     closers=[store.close])
+                     closers=[store.close], dependencies=[checks.database(store.engine)])
 

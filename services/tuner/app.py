@@ -15,6 +15,7 @@ from common.messaging import EventBus, make_broker, subscribe
 from common.telemetry import setup_telemetry
 from schemas.events.v1 import TemplateChanged
 from schemas.topics import Topic
+from services.shared.health import checks
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import build_app
 from services.store.db import migrate, open_store
@@ -47,4 +48,5 @@ def create_app(settings: TunerSettings | None = None) -> FastStream:
         await redis.aclose()
 
     return build_app(broker, settings, starters=[migrate_schema],
-                     loops=[("tuning", settings.period_s, tuner.tick)], closers=[close])
+                     loops=[("tuning", settings.period_s, tuner.tick)], closers=[close],
+                     dependencies=[checks.redis(redis), checks.database(store.engine)])

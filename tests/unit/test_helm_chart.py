@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from common.settings import ServiceSettings
 from services.analyzer.settings import AnalyzerSettings
 from tests.helm import CHART, TEMPLATES, Helm, by_kind, container, env_of, install_values
 from warden import launcher
@@ -20,8 +21,6 @@ ROOT = Path(__file__).resolve().parents[2]
 RBAC = ROOT / "deploy" / "kubernetes" / "rbac.yaml"
 RELEASE, NAMESPACE = "cw", "gpu-ops"
 PREFIX = f"{RELEASE}-clusterwarden"
-# No /healthz yet on the FastStream services (a TODO in values.yaml): no liveness probe there.
-WITHOUT_LIVENESS = set(launcher.SERVICES)
 
 
 @pytest.fixture
@@ -78,19 +77,54 @@ def test_every_process_is_a_deployment_run_as_the_launcher_runs_it(
 def test_every_deployment_has_its_replicas_resources_and_probes(
         rendered: list[dict[str, Any]]) -> None:
     for name, deployment in by_kind(rendered, "Deployment").items():
-        service = name.removeprefix(f"{PREFIX}-")
         spec = container(deployment)
         assert deployment["spec"]["replicas"] == 1
         assert spec["resources"]["requests"]["cpu"], name
         assert spec["image"] == "clusterwarden:0.1.0", name
-        assert "readinessProbe" in spec, name
-        assert ("livenessProbe" in spec) == (service not in WITHOUT_LIVENESS), name
-    api = container(by_kind(rendered, "Deployment")[f"{PREFIX}-api"])
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert api[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
-    assert api["ports"] == [{"name": "http", "containerPort": 18080}]
-    collector = container(by_kind(rendered, "Deployment")[f"{PREFIX}-collector"])
-    assert "KAFKA_BOOTSTRAP_SERVERS" in collector["readinessProbe"]["exec"]["command"][2]
+
+
+def test_every_process_is_probed_on_its_health_endpoints(
+        rendered: list[dict[str, Any]]) -> None:
+    """Liveness on /livez, readiness on /readyz, on the port the process serves them on: the
+    API's own, every other service's WARDEN_HEALTH_PORT (on every address, for the kubelet)."""
+    for name, deployment in by_kind(rendered, "Deployment").items():
+        service = name.removeprefix(f"{PREFIX}-")
+        spec = container(deployment)
+        port = "http" if service == launcher.API else "health"
+        assert spec["livenessProbe"]["httpGet"] == {"path": "/livez", "port": port}, name
+        assert spec["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port}, name
+        for probe in ("livenessProbe", "readinessProbe"):
+            # Above the 2 s each dependency check may take: a probe never times out first.
+            assert spec[probe]["timeoutSeconds"] > 2, name
+            assert "exec" not in spec[probe], name
+        (declared,) = spec["ports"]
+        assert declared["name"] == port, name
+        env = env_of(deployment)
+        if service == launcher.API:
+            assert declared["containerPort"] == int(env["API_PORT"]) == 18080
+            assert "WARDEN_HEALTH_PORT" not in env
+        else:
+            assert declared["containerPort"] == int(env["WARDEN_HEALTH_PORT"]) == 18081, name
+            assert env["WARDEN_HEALTH_HOST"] == "0.0.0.0", name
+
+
+def test_the_health_port_and_probe_timings_are_values(helm: Helm,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    rendered = helm.template(install_values(
+        healthPort=19999, probes={"liveness": {"periodSeconds": 30, "failureThreshold": 5}}))
+    deployment = by_kind(rendered, "Deployment")[f"{PREFIX}-scheduler"]
+    scheduler = container(deployment)
+    assert scheduler["ports"] == [{"name": "health", "containerPort": 19999}]
+    # What the service reads of its environment: the port the probes ask.
+    for variable in ("WARDEN_HEALTH_PORT", "WARDEN_HEALTH_HOST"):
+        monkeypatch.setenv(variable, env_of(deployment)[variable])
+    settings = ServiceSettings()
+    assert (settings.health_host, settings.health_port) == ("0.0.0.0", 19999)
+    liveness = scheduler["livenessProbe"]
+    assert (liveness["periodSeconds"], liveness["failureThreshold"]) == (30, 5)
+    # The timings not given keep the chart's.
+    assert liveness["timeoutSeconds"] == 3
+    assert scheduler["readinessProbe"]["periodSeconds"] == 10
 
 
 def test_the_image_tag_is_the_pinned_release(helm: Helm) -> None:

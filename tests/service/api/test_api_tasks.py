@@ -82,7 +82,7 @@ async def test_the_openapi_document_names_every_route_and_the_bearer_scheme(api:
     assert {"/api/tasks", "/api/tasks/{task_id}", "/api/tasks/{task_id}/pause",
             "/api/tasks/{task_id}/jump", "/api/templates", "/api/templates/{name}",
             "/api/templates/validate", "/api/nodes", "/api/clusters", "/api/breakers/reset",
-            "/api/audit", "/api/capacity", "/healthz"} <= paths
+            "/api/audit", "/api/capacity", "/healthz", "/livez", "/readyz"} <= paths
     assert document["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
 
 

@@ -2,7 +2,7 @@
 server validates and admits every object, kwok runs the pods on GPU nodes of this test's own,
 and every Deployment, the agent DaemonSet and the RBAC exist as `helm template` rendered them;
 the live authorizer gives the chart's backend account exactly the backend's verbs, and its
-inventory account only reads."""
+inventory account only reads; every process is probed on its /livez and /readyz."""
 
 from __future__ import annotations
 
@@ -91,6 +91,7 @@ async def test_helm_install_creates_every_object_as_rendered(
             helm.run, "install", kube.prefix, str(CHART), "--namespace", kube.namespace,
             "--values", helm.values_file(values), "--wait", "--timeout", f"{HELM_TIMEOUT_S}s")
         await _every_object_exists_as_rendered(kube, rendered)
+        await _every_process_is_probed_on_its_health_endpoints(kube)
         await _workloads_run(kube, rendered, nodes)
         await _the_backend_account_has_exactly_the_backends_verbs(kube, rendered)
         await _the_inventory_account_only_reads(kube, rendered)
@@ -132,6 +133,20 @@ async def _every_object_exists_as_rendered(kube: KubeScope,
         if obj["kind"] in ("Deployment", "DaemonSet"):
             # Replicas, resources, probes, images, volumes, placement: all as rendered.
             assert not differences(live["spec"], obj["spec"]), obj["metadata"]["name"]
+
+
+async def _every_process_is_probed_on_its_health_endpoints(kube: KubeScope) -> None:
+    """As the API server admitted them: liveness on /livez, readiness on /readyz, over HTTP on
+    a port the container declares (the API's own, every other service's health port)."""
+    apps = client.AppsV1Api(kube.api)
+    for deployment in (await apps.list_namespaced_deployment(kube.namespace)).items:
+        (spec,) = deployment.spec.template.spec.containers
+        declared = {p.name: p.container_port for p in spec.ports}
+        for probe, path in ((spec.liveness_probe, "/livez"), (spec.readiness_probe, "/readyz")):
+            assert probe.http_get.path == path, deployment.metadata.name
+            assert probe.http_get.scheme == "HTTP", deployment.metadata.name
+            assert probe.http_get.port in declared, deployment.metadata.name
+            assert probe._exec is None, deployment.metadata.name
 
 
 async def _workloads_run(kube: KubeScope, rendered: list[dict[str, Any]],

@@ -9,7 +9,7 @@ tests/integration/.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +43,8 @@ from services.router.settings import RouterSettings
 from services.scheduler import app as scheduler_app
 from services.scheduler.handlers import Scheduler
 from services.scheduler.settings import SchedulerSettings
+from services.shared.health.checks import Dependency
+from services.shared.health.service import ServiceHealth
 from services.store import app as store_app
 from services.store.ml import MlRecorder
 from services.store.plans import PlanRecorder
@@ -56,6 +58,7 @@ from services.tuner import app as tuner_app
 from services.tuner.handlers import Tuner
 from services.tuner.settings import TunerSettings
 from tests.unit.wiring.harness import NAMESPACE, Wire, example_of, running, subscriptions
+from warden import launcher
 
 LIMIT = ServiceSettings().max_message_bytes
 
@@ -215,3 +218,29 @@ async def test_the_size_limit_is_checked_before_parsing(
     reasons = [headers["dlt-reason"] for headers, _ in seen.dead[wire.wire_name]]
     assert reasons[1] == "oversize"
     assert reasons[0] != "oversize"  # at the limit, it is parsed (and refused as bad JSON)
+
+
+# What each service's /readyz asks beside the broker: what it cannot work without.
+READINESS: dict[str, list[str]] = {
+    "collector": ["redis"], "analyzer": ["redis"], "scheduler": ["redis"],
+    "executor": ["redis"], "router": ["redis"], "inventory": ["redis"],
+    "store": ["database"], "alerts": ["database"], "templater": ["database"],
+    "tuner": ["redis", "database"],
+}
+
+
+def test_every_service_is_ready_only_while_what_it_uses_answers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: dict[str, list[str]] = {}
+    building = ""
+
+    class Recording(ServiceHealth):
+        def __init__(self, broker: KafkaBroker, settings: ServiceSettings,
+                     dependencies: Sequence[Dependency] = ()) -> None:
+            asked[building] = [d.name for d in dependencies]
+            super().__init__(broker, settings, dependencies)
+
+    monkeypatch.setattr("services.shared.runtime.ServiceHealth", Recording)
+    for building in launcher.SERVICES:
+        SERVICES[building].build(tmp_path / building)
+    assert asked == READINESS

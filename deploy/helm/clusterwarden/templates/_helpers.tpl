@@ -61,36 +61,21 @@ runner with the service's app factory; the API under uvicorn). */}}
 {{- end -}}
 {{- end -}}
 
-{{/* Ready when one of the Kafka bootstrap servers accepts a TCP connection: the services
-without a health endpoint cannot do their work without the broker. Not a liveness probe:
-a broker outage must not restart every service. */}}
-{{- define "clusterwarden.brokerProbe" -}}
-exec:
-  command:
-    - python
-    - -c
-    - |
-      import os, socket, sys
-      def reachable(server):
-          host, _, port = server.strip().rpartition(":")
-          try:
-              socket.create_connection((host.strip("[]"), int(port)), timeout=3).close()
-          except (OSError, ValueError):
-              return False
-          return True
-      sys.exit(0 if any(map(reachable, os.environ["KAFKA_BOOTSTRAP_SERVERS"].split(","))) else 1)
-periodSeconds: {{ .Values.brokerProbe.periodSeconds }}
-timeoutSeconds: {{ .Values.brokerProbe.timeoutSeconds }}
-failureThreshold: {{ .Values.brokerProbe.failureThreshold }}
-{{- end -}}
-
-{{/* The API's liveness and readiness: its /healthz (no token needed). */}}
-{{- define "clusterwarden.apiProbe" -}}
-httpGet:
-  path: /healthz
-  port: http
-initialDelaySeconds: {{ .Values.apiProbe.initialDelaySeconds }}
-periodSeconds: {{ .Values.apiProbe.periodSeconds }}
-timeoutSeconds: {{ .Values.apiProbe.timeoutSeconds }}
-failureThreshold: {{ .Values.apiProbe.failureThreshold }}
+{{/* The probes of every process, on its container port named .port (the API's "http", every
+other service's "health"): liveness on /livez (a background loop or a consumer ended, or the
+event loop is stuck: a restart helps), readiness on /readyz (start-up finished, and the broker,
+Redis and the database answer as far as the process needs them; an outage of theirs takes the
+pods out of service and restarts none). Call with (dict "root" $ "port" "<name>"). */}}
+{{- define "clusterwarden.probes" -}}
+{{- $probes := .root.Values.probes -}}
+livenessProbe:
+  httpGet:
+    path: /livez
+    port: {{ .port }}
+  {{- toYaml $probes.liveness | nindent 2 }}
+readinessProbe:
+  httpGet:
+    path: /readyz
+    port: {{ .port }}
+  {{- toYaml $probes.readiness | nindent 2 }}
 {{- end -}}
