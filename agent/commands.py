@@ -288,14 +288,21 @@ class CommandExecutor:
         if command.subject != self.node_id or command.cluster_id != self.cluster_id:
             return None
         try:
-            payload = self.verifier.verify(command)  # kid, alg, signature: PermanentError
+            # kid, alg, signature: PermanentError
+            authorised = self.verifier.authorise(command)
         except ValidationError as err:
             return self._invalid_payload(command, err, now)
+        payload = authorised.payload
 
         # The signed audience, not just the envelope: a node of the same name in another
         # cluster has its own seq and epochs, so its commands must never be taken here.
         if (payload.cluster_id, payload.node_id) != (self.cluster_id, self.node_id):
             return self._reject(command, payload, "wrong_audience", now)
+        # A real signature of a signer that may not do this (a collector's drain), or of a
+        # key revoked since.
+        if authorised.refusal is not None:
+            return self._reject(command, payload, authorised.refusal, now)
+
         window = check_window(payload, now, self.leeway_s, self.max_ttl_s)
         if window is not None:
             return self._reject(command, payload, window, now)
