@@ -303,10 +303,8 @@ class CommandExecutor:
         if authorised.refusal is not None:
             return self._reject(command, payload, authorised.refusal, now)
 
-        window = check_window(payload, now, self.leeway_s, self.max_ttl_s)
-        if window is not None:
-            return self._reject(command, payload, window, now)
-
+        # Before the window: a replay of a command executed here is answered with what it
+        # did (`duplicate`), however late, never `expired` as if it had not run.
         cached = self.cached_result(payload.command_id)
         if cached is not None:
             if payload.command_id in self.running():
@@ -318,6 +316,10 @@ class CommandExecutor:
             return cached.model_copy(
                 update={"event_id": uuid4(), "occurred_at": now, "duplicate": True}
             )
+
+        window = check_window(payload, now, self.leeway_s, self.max_ttl_s)
+        if window is not None:
+            return self._reject(command, payload, window, now)
 
         last_seq = self.journal.last_seq
         fence = fence_of(payload.action)

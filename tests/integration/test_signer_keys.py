@@ -2,11 +2,14 @@
 collector's and the router's commands, each signed with the key its service makes
 (`<state>/keys/<role>.key`), are executed; a drain signed with the collector's key is
 rejected `action_not_allowed` and changes nothing; a new executor key dropped into the
-trusted folder is taken without a restart, the old one revoked is answered `revoked_kid`."""
+trusted folder is taken without a restart, the old one revoked is answered `revoked_kid`;
+and a replay of the executed drain after its expiry is answered `duplicate`."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from uuid import UUID, uuid4
 
@@ -40,6 +43,8 @@ from tests.integration.test_command_security import (
     report_after,
 )
 
+LEEWAY_S = 1.0  # the agent's: a short-lived command expires within the test
+
 
 def serving(node: str) -> Callable[[Record], bool]:
     """True for a report of `node` with every model it serves ready."""
@@ -63,7 +68,8 @@ async def test_each_signer_does_only_its_actions_with_rotation_and_revocation(
     executor, collector, router = (local_signer("", str(tmp_path), role)
                                    for role in ("executor", "collector", "router"))
     env = {"KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, "WARDEN_LOG_LEVEL": "INFO",
-           "AGENT_JOBS": "", "AGENT_PEER_PROBES": "0", "AGENT_REVOKED_KIDS": str(revoked)}
+           "AGENT_JOBS": "", "AGENT_PEER_PROBES": "0", "AGENT_REVOKED_KIDS": str(revoked),
+           "AGENT_COMMAND_LEEWAY_S": str(LEEWAY_S)}
     commands = name(Topic.NODE_COMMANDS, namespace)
     await ensure_topics(kafka_bootstrap, namespace)
     # The agent trusts the folder: whatever public key is put there, for the role its name
@@ -103,11 +109,18 @@ async def test_each_signer_does_only_its_actions_with_rotation_and_revocation(
             assert [r.outcome for r in (probe, interval, inference)] == ["succeeded"] * 3
             assert inference.inference is not None
             # The drain takes seq 1, which the refusal left free.
-            drain = executor.sign(payload(DrainNode(node_id=NODE), seq=1), "executor")
+            drain = executor.sign(payload(DrainNode(node_id=NODE), seq=1,
+                                          ttl=timedelta(seconds=5)), "executor")
             drained = await ask(drain)
             assert (drained.outcome, drained.outputs.get("mode")) == ("succeeded", "draining")
             await watch.wait_for(lambda _: modes(watch)[-1:] == ["draining"], 30,
                                  "a report of the drain")
+
+            # A late replay of the executed drain: past its 5 s and the leeway.
+            await asyncio.sleep(5 + LEEWAY_S + 1.0)
+            late = await ask(drain)
+            assert (late.outcome, late.duplicate, late.outputs) == (
+                "succeeded", True, drained.outputs)
 
             # Rotation: the new executor key beside the old, taken without a restart.
             rotated = signer_from_file(ensure_keypair(keys, "executor.next")[0])

@@ -1,9 +1,10 @@
 """The agent's answers by signer (docs/security.md): each key may sign its role's actions only,
-a revoked key's commands are refused, a rotated key takes over without a restart."""
+a revoked key's commands are refused, a rotated key takes over without a restart, and a late
+replay of an executed command is a duplicate, never `expired`."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -113,3 +114,26 @@ def test_a_revoked_key_cannot_even_probe(
     result = executor.handle(probe, now)
     assert result is not None
     assert (result.outcome, result.reason) == ("rejected", "revoked_kid")
+
+
+def test_a_late_replay_of_an_executed_command_is_a_duplicate_not_expired(
+    executor: CommandExecutor, centre: Any, journal: Journal, now: datetime
+) -> None:
+    drain = centre.command(DrainNode(node_id=NODE), seq=1, ttl_s=60)
+    first = executor.handle(drain, now)
+    assert first is not None
+    assert first.outcome == "succeeded"
+    executor.handle(centre.command(UndrainNode(node_id=NODE), seq=2), now)
+    assert journal.mode == "active"
+
+    # Past expires_at and the leeway: a command never seen would be expired by now.
+    late = now + timedelta(seconds=60 + 30 + 1)
+    replay = executor.handle(drain, late)
+    assert replay is not None
+    assert (replay.outcome, replay.reason, replay.duplicate) == ("succeeded", "", True)
+    assert replay.outputs == first.outputs
+    assert journal.mode == "active"  # the drain did not run again
+    never_seen = executor.handle(centre.command(OfflineNode(node_id=NODE), seq=3, ttl_s=60),
+                                 late)
+    assert never_seen is not None
+    assert (never_seen.outcome, never_seen.reason) == ("rejected", "expired")
