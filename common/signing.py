@@ -37,7 +37,7 @@ def unb64url(text: str) -> bytes:
 
 
 class CommandSigner:
-    """Signs command payloads with the centre's private key."""
+    """Signs command payloads with one signer's private key (its kid goes with each)."""
 
     def __init__(self, key: Ed25519PrivateKey, kid: str) -> None:
         self.key = key
