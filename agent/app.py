@@ -34,7 +34,7 @@ from agent.settings import AgentSettings
 from agent.store import CheckpointStore
 from common.errors import InfrastructureUnavailable
 from common.messaging import EventBus, ensure_topics, make_broker, subscribe
-from common.signing import CommandVerifier, verifier_from_files
+from common.signing import verifier_from_files
 from common.telemetry import setup_telemetry, shutdown_telemetry
 from schemas.events.v1 import Command, CommandResult, now_utc
 from schemas.topics import Topic
@@ -111,11 +111,9 @@ class Agent:
         settings = self.settings
         self.state_dir.mkdir(parents=True, exist_ok=True)
         journal = self._journal = Journal.open(self.state_dir)
-        if settings.trusted_keys:
-            verifier = verifier_from_files(list(settings.trusted_keys))
-        else:
+        if not settings.trusted_keys:
             log.warning("no trusted keys: every command will be rejected (unknown_kid)")
-            verifier = CommandVerifier({})
+        verifier = verifier_from_files(list(settings.trusted_keys), settings.revoked_kids)
         # Seeded by the node's name, so a node's simulated GPUs look the same every run.
         seed = zlib.crc32(f"{settings.cluster_id}/{settings.node_id}".encode())
         probe = self._probe = open_probe(settings.gpus, seed=seed)

@@ -288,18 +288,23 @@ class CommandExecutor:
         if command.subject != self.node_id or command.cluster_id != self.cluster_id:
             return None
         try:
-            payload = self.verifier.verify(command)  # kid, alg, signature: PermanentError
+            # kid, alg, signature: PermanentError
+            authorised = self.verifier.authorise(command)
         except ValidationError as err:
             return self._invalid_payload(command, err, now)
+        payload = authorised.payload
 
         # The signed audience, not just the envelope: a node of the same name in another
         # cluster has its own seq and epochs, so its commands must never be taken here.
         if (payload.cluster_id, payload.node_id) != (self.cluster_id, self.node_id):
             return self._reject(command, payload, "wrong_audience", now)
-        window = check_window(payload, now, self.leeway_s, self.max_ttl_s)
-        if window is not None:
-            return self._reject(command, payload, window, now)
+        # A real signature of a signer that may not do this (a collector's drain), or of a
+        # key revoked since.
+        if authorised.refusal is not None:
+            return self._reject(command, payload, authorised.refusal, now)
 
+        # Before the window: a replay of a command executed here is answered with what it
+        # did (`duplicate`), however late, never `expired` as if it had not run.
         cached = self.cached_result(payload.command_id)
         if cached is not None:
             if payload.command_id in self.running():
@@ -311,6 +316,10 @@ class CommandExecutor:
             return cached.model_copy(
                 update={"event_id": uuid4(), "occurred_at": now, "duplicate": True}
             )
+
+        window = check_window(payload, now, self.leeway_s, self.max_ttl_s)
+        if window is not None:
+            return self._reject(command, payload, window, now)
 
         last_seq = self.journal.last_seq
         fence = fence_of(payload.action)

@@ -149,8 +149,9 @@ def replay_window_s(max_ttl_s: float, leeway_s: float) -> float:
     The agent accepts a command from `issued_at - leeway` to `expires_at + leeway`
     (agent.commands.check_window) and refuses one whose `expires_at - issued_at` exceeds
     `max_ttl`: from the first acceptance to the last possible one is at most
-    `max_ttl + 2 * leeway`. Later, a replay is refused as expired before any journal is read,
-    so an answer kept that long is all idempotency needs.
+    `max_ttl + 2 * leeway`. A replay is answered from the journal while its answer is kept
+    (`duplicate`, however late); once the answer is gone, the window check refuses the
+    replay as expired, so an answer kept that long is all idempotency needs.
     """
     return max_ttl_s + 2.0 * leeway_s
 

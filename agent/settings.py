@@ -42,7 +42,15 @@ class AgentSettings(ServiceSettings):
     # NoDecode: the env value is a comma-separated list of paths, not JSON.
     trusted_keys: Annotated[list[Path], NoDecode] = Field(
         default_factory=list,
-        description="Public-key PEM files; with none, every command is rejected unknown_kid.",
+        description="Public-key PEM files, or folders of them (their *.pub), each named for "
+        "the signer role whose actions it may sign (<role>.pub or <role>.<label>.pub, role "
+        "executor, collector or router; command-signing.pub: one shared key for all); read "
+        "again when they change. With none, every command is dead-lettered unknown_kid.",
+    )
+    revoked_kids: Path | None = Field(
+        default=None,
+        description="A file of revoked key ids, one a line, read again when it changes: "
+        "their commands are answered rejected revoked_kid.",
     )
     command_leeway_s: float = Field(default=30.0, ge=0.0, le=600.0)
     max_command_ttl_s: float = Field(default=300.0, gt=0.0, le=3_600.0)

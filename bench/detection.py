@@ -35,7 +35,7 @@ from aiokafka import AIOKafkaConsumer
 from agent import fleet
 from bench.common import exit_cleanly_on_sigterm, percentile
 from common.messaging import ensure_topics
-from common.signing import ensure_keypair
+from common.signing import ensure_signer_keys
 from schemas.events.v1 import OpsNeed
 from schemas.topics import Topic, topic_name
 from services.shared.registry import register
@@ -73,9 +73,9 @@ async def run_case(case: str, trials: int, interval: float, settings: dict[str, 
            "WARDEN_STATE_DIR": str(state), "WARDEN_LOG_LEVEL": "WARNING",
            "AGENT_JOBS": jobs, **settings}
     await ensure_topics(bootstrap, namespace)
-    _, public = ensure_keypair(state / "keys")
+    trusted = ensure_signer_keys(state / "keys")
     services = launcher.start_services(state, env, ("collector", "analyzer"))
-    agents = fleet.fleet_up(trials, 1, "bench", namespace, state, env, [public], interval)
+    agents = fleet.fleet_up(trials, 1, "bench", namespace, state, env, trusted, interval)
     nodes = [a.node_id for a in agents]
     await register(redis_url, namespace, "bench", nodes)
     consumer = AIOKafkaConsumer(topic_name(Topic.OPS_NEEDS, namespace),

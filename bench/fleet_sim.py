@@ -384,10 +384,14 @@ class FleetSim:
         assert self.verifier is not None
         try:
             command = parse_event(Command, body, key, MAX_MESSAGE_BYTES)
-            payload = self.verifier.verify(command)
+            authorised = self.verifier.authorise(command)
         except (PermanentError, ValidationError):
             self.stats.commands_unverified += 1
             return None
+        if authorised.refusal is not None:  # a signer doing what it may not, or revoked
+            self.stats.commands_unverified += 1
+            return None
+        payload = authorised.payload
         node = self.nodes.get(payload.node_id)
         if node is None or node.silent or payload.cluster_id != self.cluster:
             return None

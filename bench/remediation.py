@@ -40,7 +40,7 @@ from agent.jobs.processes import job_dir
 from agent.ml.runtime import STATUS_FILE
 from bench.common import Spread, exit_cleanly_on_sigterm, spread
 from common.messaging import ensure_topics
-from common.signing import ensure_keypair
+from common.signing import ensure_signer_keys
 from schemas.events.v1 import OutputValue, TaskEvent
 from schemas.topics import Topic, topic_name
 from services.shared.registry import register
@@ -168,10 +168,10 @@ async def run(trials: int, spare: int, interval: float, bootstrap: str,
         "SCHEDULER_RATE_PER_S": "10",
     }
     await ensure_topics(bootstrap, namespace)
-    _, public = ensure_keypair(state / "keys")
+    trusted = ensure_signer_keys(state / "keys")
     services = launcher.start_services(state, env)
     count = trials + spare
-    agents = fleet.fleet_up(count, 1, "bench", namespace, state, env, [public], interval)
+    agents = fleet.fleet_up(count, 1, "bench", namespace, state, env, trusted, interval)
     nodes = [a.node_id for a in agents]
     await register(redis_url, namespace, "bench", nodes)
     consumer = AIOKafkaConsumer(topic_name(Topic.OPS_TASK_EVENTS, namespace),

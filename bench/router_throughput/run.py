@@ -326,7 +326,7 @@ async def with_router(settings: RouterSettings, publish: bool,
         inner = EventBus(broker, settings.namespace)
     tap = Tap(inner)
     router = build_router(settings, redis, tap,
-                          local_signer(settings.signing_key, settings.state_dir))
+                          local_signer(settings.signing_key, settings.state_dir, "router"))
     try:
         await forget_namespace(redis, keys)
         await run(router, tap)

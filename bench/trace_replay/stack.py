@@ -19,7 +19,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from bench.common import percentile
 from bench.fleet_sim import drop_namespace
 from common.messaging import ensure_topics
-from common.signing import ensure_keypair
+from common.signing import ensure_signer_keys
 from schemas.envelope import Envelope
 from schemas.events.v1 import NodeState, OpsNeed, PoolHealth
 from schemas.topics import Topic, topic_name
@@ -146,7 +146,7 @@ class Stack:
     state: Path
     services: list[launcher.ServiceProcess]
     tap: Tap
-    public_key: Path
+    trusted_keys: list[Path]
     lag: LagSampler
 
     def check(self) -> None:
@@ -182,9 +182,9 @@ async def stack(bootstrap: str, redis_url: str, label: str, nodes: Sequence[str]
            "WARDEN_NAMESPACE": namespace, "WARDEN_CLUSTER_ID": cluster,
            "WARDEN_STATE_DIR": str(state), "WARDEN_LOG_LEVEL": "WARNING", **settings}
     await ensure_topics(bootstrap, namespace)
-    # The key pair exists before the collector starts, so the collector signs probes with
-    # it and the simulated fleet can verify them.
-    _, public = ensure_keypair(state / "keys")
+    # The signers' key pairs exist before the collector starts, so the collector signs
+    # probes with its own and the simulated fleet can verify them.
+    trusted = ensure_signer_keys(state / "keys")
     await register(redis_url, namespace, cluster, nodes)
     services: list[launcher.ServiceProcess] = []
     tap = Tap(bootstrap, namespace)
@@ -193,7 +193,7 @@ async def stack(bootstrap: str, redis_url: str, label: str, nodes: Sequence[str]
         services = launcher.start_services(state, env, services_run)
         await tap.start()
         await lag.start()
-        yield Stack(namespace, state, services, tap, public, lag)
+        yield Stack(namespace, state, services, tap, trusted, lag)
     finally:
         launcher.stop_services(services)
         await lag.stop()

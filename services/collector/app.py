@@ -29,7 +29,7 @@ def create_app(settings: CollectorSettings | None = None) -> FastStream:
     nodes = NodeStore(redis, keys, settings.require_registration, settings.history_minutes,
                       settings.probe_period_s)
     probes = ProbeStore(redis, keys)
-    signer = local_signer(settings.signing_key, settings.state_dir)
+    signer = local_signer(settings.signing_key, settings.state_dir, "collector")
     bus = EventBus(broker, settings.namespace)
     prober = Prober(settings, probes, nodes, signer, bus)
     peers = PeerWatch(settings, PeerStore(redis, keys, settings.peer_verdict_max_age_s * 2),

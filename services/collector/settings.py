@@ -31,7 +31,8 @@ class CollectorSettings(ServiceSettings):
     )
     signing_key: str = Field(
         default="",
-        description="PEM Ed25519 private key for probes; empty: <state_dir>/keys (shared).",
+        description="PEM Ed25519 private key of the collector's commands (probes, peers, report "
+        "intervals); empty: <state_dir>/keys/collector.key (made if missing).",
     )
     day_interval_s: float | None = Field(
         default=None, ge=0.5, le=3_600.0,

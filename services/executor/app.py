@@ -27,7 +27,7 @@ def create_app(settings: ExecutorSettings | None = None) -> FastStream:
     broker, _ = make_broker(settings, "executor", telemetry)
     redis = connect_redis(settings.redis_url)
     keys = Keys(settings.namespace)
-    signer = local_signer(settings.signing_key, settings.state_dir)
+    signer = local_signer(settings.signing_key, settings.state_dir, "executor")
     # Each cluster's registered backend (services/shared/registry.py): Kubernetes clusters'
     # node steps go through their API server.
     backends = ClusterBackends(redis, keys)

@@ -20,12 +20,18 @@ from pathlib import Path
 from typing import Any, cast
 from uuid import UUID, uuid5
 
-from cryptography.hazmat.primitives import serialization
 from pydantic import TypeAdapter
 from redis.asyncio import Redis
 
 from common.clock import Clock
-from common.signing import ensure_keypair, key_id, load_private_key
+from common.signing import (
+    SHARED_STEM,
+    ensure_signer_keys,
+    key_id,
+    load_private_key,
+    role_of,
+    write_public_key,
+)
 from schemas import ids
 from schemas.envelope import short_text
 from schemas.events.v1 import (
@@ -434,19 +440,21 @@ def agent_environment(env: Mapping[str, str]) -> dict[str, str]:
             if k.startswith(_AGENT_ENV_PREFIXES) or k in _AGENT_ENV_NAMES}
 
 
-def executor_public_key(signing_key: str, state_dir: str) -> Path:
-    """The public half of the executor's signing key, as a file agents can trust."""
+def signer_public_keys(signing_key: str, state_dir: str) -> tuple[Path, ...]:
+    """The public keys the agents the executor starts trust: every signer's of the state
+    folder, the executor's own taken from its configured key when it has one."""
+    keys = Path(state_dir).resolve() / "keys"
+    trusted = ensure_signer_keys(keys)
     if not signing_key:
-        return ensure_keypair(Path(state_dir) / "keys")[1]
+        return tuple(trusted)
     public = load_private_key(Path(signing_key)).public_key()
-    path = Path(state_dir).resolve() / "keys" / f"{key_id(public)}.pub"
+    # Named for its role and its id: trusted for the executor's actions only, or for every
+    # action if it is the one key all signers share.
+    shared = Path(signing_key).name.split(".", 1)[0] == SHARED_STEM
+    path = keys / f"{SHARED_STEM if shared else 'executor'}.{key_id(public)}.pub"
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(public.public_bytes(serialization.Encoding.PEM,
-                                            serialization.PublicFormat.SubjectPublicKeyInfo))
-        tmp.replace(path)
-    return path
+        write_public_key(path, public)
+    return (path, *(p for p in trusted if role_of(p) != "executor"))
 
 
 def build_centre(settings: ExecutorSettings, redis: Redis, keys: Keys) -> Centre:
@@ -456,6 +464,6 @@ def build_centre(settings: ExecutorSettings, redis: Redis, keys: Keys) -> Centre
         redis=redis, keys=keys, settings=capacity,
         state_dir=Path(settings.state_dir).resolve(), namespace=settings.namespace,
         env=agent_environment(os.environ),
-        trusted_keys=(executor_public_key(settings.signing_key, settings.state_dir),),
+        trusted_keys=signer_public_keys(settings.signing_key, settings.state_dir),
     )
     return Centre(ClusterView(redis, keys), build_provider(context), capacity)

@@ -13,7 +13,8 @@ class ExecutorSettings(ServiceSettings):
 
     signing_key: str = Field(
         default="",
-        description="PEM Ed25519 private key; empty: <state_dir>/keys (made if missing).",
+        description="PEM Ed25519 private key of the executor's commands (task steps); empty: "
+        "<state_dir>/keys/executor.key (made if missing).",
     )
     command_ttl_s: float = Field(default=120.0, gt=0.0, le=300.0)
     deadline_sweep_interval_s: float = Field(default=1.0, gt=0.0)

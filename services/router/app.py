@@ -31,7 +31,7 @@ def create_app(settings: RouterSettings | None = None) -> FastStream:
     keys = Keys(settings.namespace)
     router = Router(
         settings, redis, keys, EventBus(broker, settings.namespace),
-        local_signer(settings.signing_key, settings.state_dir),
+        local_signer(settings.signing_key, settings.state_dir, "router"),
         Registry(redis, keys, cache_s=settings.registry_cache_s,
                  forget_after_s=settings.registry_forget_after_s,
                  require_registration=settings.require_registration),

@@ -17,8 +17,8 @@ class RouterSettings(ServiceSettings):
 
     signing_key: str = Field(
         default="",
-        description="PEM Ed25519 private key of the commands (the executor's); empty: "
-                    "<state_dir>/keys (made if missing).",
+        description="PEM Ed25519 private key of the router's run_inference commands; empty: "
+                    "<state_dir>/keys/router.key (made if missing).",
     )
     attempt_timeout_s: float = Field(
         default=3.0, gt=0.0, le=600.0,

@@ -116,12 +116,13 @@ async def tap(bootstrap: str, *topics: str) -> AsyncIterator[Tap]:
 
 
 @asynccontextmanager
-async def watched_fleet(env: dict[str, str], state: Path, public: Path, topics: Sequence[Topic],
+async def watched_fleet(env: dict[str, str], state: Path, trusted: list[Path],
+                        topics: Sequence[Topic],
                         count: int = 3, interval_s: float = 1.0) -> AsyncIterator[Tap]:
     """`count` enrolled agents of cluster itest (one GPU each, reporting every `interval_s`)
     and a tap on `topics`; the agents are stopped on the way out."""
     namespace = env["WARDEN_NAMESPACE"]
-    agents = fleet.fleet_up(count, 1, "itest", namespace, state, env, [public], interval_s)
+    agents = fleet.fleet_up(count, 1, "itest", namespace, state, env, trusted, interval_s)
     await register(env["REDIS_URL"], namespace, "itest", [a.node_id for a in agents])
     try:
         async with tap(env["KAFKA_BOOTSTRAP_SERVERS"],

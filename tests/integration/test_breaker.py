@@ -10,7 +10,7 @@ from pathlib import Path
 from redis.asyncio import Redis
 
 from agent import fleet
-from common.signing import ensure_keypair
+from common.signing import ensure_signer_keys
 from schemas.events.v1 import Alert
 from schemas.topics import Topic
 from services.scheduler.breaker import BreakerConfig, Outcome
@@ -85,11 +85,11 @@ async def test_failed_drains_open_the_breaker_which_survives_a_scheduler_restart
 ) -> None:
     env = stack_env(kafka_bootstrap, redis_url, namespace, tmp_path, AGENT_JOBS="",
                     WARDEN_LOG_LEVEL="INFO")
-    _, public = ensure_keypair(tmp_path / "keys")
+    trusted = ensure_signer_keys(tmp_path / "keys")
     redis = connect_redis(redis_url)
     breaker_key = BreakerStore(redis, Keys(namespace), lambda _: GENTLE).key("itest", "offline")
     async with services(env, tmp_path) as running:
-        agents = fleet.fleet_up(3, 2, "itest", namespace, tmp_path, env, [public], 1.0)
+        agents = fleet.fleet_up(3, 2, "itest", namespace, tmp_path, env, trusted, 1.0)
         await register(redis_url, namespace, "itest", [a.node_id for a in agents])
         try:
             async with tap(kafka_bootstrap, name(Topic.OPS_TASK_EVENTS, namespace),
@@ -116,7 +116,7 @@ async def test_failed_drains_open_the_breaker_which_survives_a_scheduler_restart
                 launcher.stop_services([running[index]])
                 running[index] = launcher.start_services(tmp_path, env, ("scheduler",))[0]
 
-                newcomer = fleet.fleet_up(1, 2, "itest", namespace, tmp_path, env, [public],
+                newcomer = fleet.fleet_up(1, 2, "itest", namespace, tmp_path, env, trusted,
                                           1.0, first=4)[0].node_id
                 await register(redis_url, namespace, "itest", [newcomer])
                 await watch.wait_for(is_up(newcomer), 60, f"{newcomer} up")

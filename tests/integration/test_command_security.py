@@ -132,7 +132,7 @@ async def test_only_a_valid_command_executes_once_on_the_real_agent(
 ) -> None:
     env = {"KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, "WARDEN_LOG_LEVEL": "INFO",
            "AGENT_JOBS": "", "AGENT_PEER_PROBES": "0"}
-    private, public = ensure_keypair(tmp_path / "keys")
+    private, public = ensure_keypair(tmp_path / "keys", "executor")
     signer = signer_from_file(private)
     stranger_key = Ed25519PrivateKey.generate()
     stranger = CommandSigner(stranger_key, key_id(stranger_key.public_key()))

@@ -34,7 +34,7 @@ import pytest
 from playwright.async_api import Browser, Page, Playwright, async_playwright, expect
 
 from agent import fleet
-from common.signing import ensure_keypair
+from common.signing import ensure_signer_keys
 from schemas.events.v1 import TaskEvent, now_utc
 from schemas.topics import Topic
 from services.shared.registry import register
@@ -147,10 +147,10 @@ async def test_an_operator_pauses_a_running_task_in_the_console(
     # Migrated once here: the recorder and the API would otherwise both create the schema of
     # the same new file at the same moment.
     await migrate(database_url)
-    _, public = ensure_keypair(tmp_path / "keys")
+    trusted = ensure_signer_keys(tmp_path / "keys")
     async with services(env, tmp_path, (*launcher.SERVICES, launcher.API)):
         await register(redis_url, namespace, "itest", NODES)
-        fleet.fleet_up(len(NODES), 1, "itest", namespace, tmp_path, env, [public], 1.0)
+        fleet.fleet_up(len(NODES), 1, "itest", namespace, tmp_path, env, trusted, 1.0)
         try:
             async with tap(kafka_bootstrap, name(Topic.OPS_NODE_STATE, namespace),
                            name(Topic.OPS_TASK_EVENTS, namespace)) as watch, \

@@ -29,7 +29,7 @@ from playwright.async_api import Page, async_playwright, expect
 
 from agent import fleet
 from agent.ml.data import PIXEL_MAX, digits, split
-from common.signing import ensure_keypair
+from common.signing import ensure_signer_keys
 from services.shared.registry import register
 from services.store.db import migrate
 from tests.integration.harness import ApiSite, services, stack_env, until
@@ -89,14 +89,14 @@ async def test_an_ml_task_and_its_decision_in_the_console(
         **site.env(f"{OPERATOR_TOKEN}:olivia:operator,{VIEWER_TOKEN}:vic:viewer"),
     )
     await migrate(database_url)  # once, before the store and the API both start
-    _, public = ensure_keypair(tmp_path / "keys")
+    trusted = ensure_signer_keys(tmp_path / "keys")
     _, _, x_test, _ = split(*digits())
     digit = [float(round(v * PIXEL_MAX)) for v in x_test[3]]
     async with services(env, tmp_path, ("router", "store", launcher.API)):
         await register(redis_url, namespace, CLUSTER, list(FLEET))
         for node, models in FLEET.items():
             fleet.start_agent(node, gpus=1, cluster_id=CLUSTER, namespace=namespace,
-                              state_dir=tmp_path, env=env, trusted_keys=[public],
+                              state_dir=tmp_path, env=env, trusted_keys=trusted,
                               interval_s=1.0, jobs="", models=models)
         try:
             await wait_healthy(base, 120)

@@ -20,7 +20,7 @@ import pytest
 from playwright.async_api import async_playwright, expect
 
 from agent import fleet
-from common.signing import ensure_keypair
+from common.signing import ensure_signer_keys
 from schemas.topics import Topic
 from services.shared.registry import register
 from services.store.db import migrate, open_store
@@ -65,10 +65,10 @@ async def test_an_operator_restarts_a_failed_task_in_the_console(
         **SMALL_POOL_SAFETY,
     )
     await migrate(database_url)  # once: the recorder and the API would race to create it
-    _, public = ensure_keypair(tmp_path / "keys")
+    trusted = ensure_signer_keys(tmp_path / "keys")
     async with services(env, tmp_path, (*launcher.SERVICES, launcher.API)):
         await register(redis_url, namespace, "itest", NODES)
-        fleet.fleet_up(len(NODES), 1, "itest", namespace, tmp_path, env, [public], 1.0)
+        fleet.fleet_up(len(NODES), 1, "itest", namespace, tmp_path, env, trusted, 1.0)
         try:
             async with tap(kafka_bootstrap, name(Topic.OPS_NODE_STATE, namespace),
                            name(Topic.OPS_TASK_EVENTS, namespace)) as watch, \

@@ -9,7 +9,7 @@ from pathlib import Path
 from redis.asyncio import Redis
 
 from agent import fleet
-from common.signing import ensure_keypair
+from common.signing import ensure_signer_keys
 from schemas.events.v1 import OpsNeed, Sample, SampleBatch, now_utc
 from schemas.topics import Topic
 from services.shared.redis_client import Keys
@@ -85,11 +85,11 @@ async def test_a_node_that_reports_but_does_not_answer_probes_is_taken_offline(
 ) -> None:
     env = stack_env(kafka_bootstrap, redis_url, namespace, tmp_path,
                     COLLECTOR_PROBE_PERIOD_S="2", COLLECTOR_PROBE_DEADLINE_S="2")
-    _, public = ensure_keypair(tmp_path / "keys")
+    trusted = ensure_signer_keys(tmp_path / "keys")
     async with services(env, tmp_path, ("collector", "analyzer")):
         # node-001 trusts the centre's key and answers; node-002 trusts no key, so every
         # command to it (probes included) is refused unread: it reports, but never answers.
-        healthy = fleet.fleet_up(1, 1, "itest", namespace, tmp_path, env, [public], 1.0)
+        healthy = fleet.fleet_up(1, 1, "itest", namespace, tmp_path, env, trusted, 1.0)
         deaf = fleet.fleet_up(1, 1, "itest", namespace, tmp_path, env, [], 1.0, first=2)
         await register(redis_url, namespace, "itest", [a.node_id for a in healthy + deaf])
         try:
@@ -134,9 +134,9 @@ async def test_a_gpu_that_keeps_failing_is_escalated_to_replace(
     env = stack_env(kafka_bootstrap, redis_url, namespace, tmp_path, AGENT_JOBS="",
                     ANALYZER_OFFLINE__FAULTS__REPEAT_THRESHOLD="3",
                     ANALYZER_OPEN_NEED_TTL_S="1")
-    _, public = ensure_keypair(tmp_path / "keys")
+    trusted = ensure_signer_keys(tmp_path / "keys")
     async with services(env, tmp_path, ("collector", "analyzer")):
-        agents = fleet.fleet_up(1, 1, "itest", namespace, tmp_path, env, [public], 0.5)
+        agents = fleet.fleet_up(1, 1, "itest", namespace, tmp_path, env, trusted, 0.5)
         await register(redis_url, namespace, "itest", [a.node_id for a in agents])
         try:
             async with tap(kafka_bootstrap, name(Topic.OPS_NEEDS, namespace),
@@ -215,9 +215,9 @@ async def test_a_full_disk_held_for_a_while_takes_the_node_offline_with_the_evid
     # Reports every second; a disk above 95 % must last 4 reports in a row.
     env = stack_env(kafka_bootstrap, redis_url, namespace, tmp_path,
                     ANALYZER_OFFLINE__HOST__MIN_CONSECUTIVE_REPORTS="4")
-    _, public = ensure_keypair(tmp_path / "keys")
+    trusted = ensure_signer_keys(tmp_path / "keys")
     async with (services(env, tmp_path, ("collector", "analyzer")),
-                watched_fleet(env, tmp_path, public, (Topic.OPS_NEEDS, Topic.OPS_SAMPLES),
+                watched_fleet(env, tmp_path, trusted, (Topic.OPS_NEEDS, Topic.OPS_SAMPLES),
                               count=2) as watch):
         await samples_of(watch, "node-001", 2, start=0)
         fleet.inject_fault(tmp_path, "node-001", disk_used_pct=98.5)

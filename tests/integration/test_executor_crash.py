@@ -15,7 +15,7 @@ from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 
 from agent import fleet
 from agent.journal import JOURNAL_FILE
-from common.signing import ensure_keypair
+from common.signing import ensure_signer_keys
 from schemas.events.v1 import TaskEvent
 from schemas.topics import Topic
 from services.shared.registry import register
@@ -83,10 +83,10 @@ async def test_an_executor_killed_after_sending_a_drain_completes_it_once_after_
         EXECUTOR_CRASH_AT="after_send:drain_node",
     )
     healthy_env = {k: v for k, v in env.items() if k != "EXECUTOR_CRASH_AT"}
-    _, public = ensure_keypair(tmp_path / "keys")
+    trusted = ensure_signer_keys(tmp_path / "keys")
     async with services(env, tmp_path) as running:
         await register(redis_url, namespace, "itest", NODES)
-        fleet.fleet_up(len(NODES), 1, "itest", namespace, tmp_path, env, [public], 1.0)
+        fleet.fleet_up(len(NODES), 1, "itest", namespace, tmp_path, env, trusted, 1.0)
         try:
             async with tap(kafka_bootstrap, name(Topic.OPS_TASK_EVENTS, namespace),
                            name(Topic.OPS_NODE_STATE, namespace),

@@ -16,7 +16,7 @@ from uuid import UUID
 import pytest
 
 from agent import fleet
-from common.signing import ensure_keypair
+from common.signing import ensure_signer_keys
 from schemas.events.v1 import TaskEvent, now_utc
 from schemas.topics import Topic
 from services.shared.maintenance import MaintenanceStore, new_window
@@ -71,12 +71,12 @@ async def test_retry_jump_and_restart_succeed_and_maintenance_holds_a_node(
         SCHEDULER_BREAKER_SCOPE="node",
         SCHEDULER_OFFLINE_BUDGET_FRACTION="1.0",
     )
-    _, public = ensure_keypair(tmp_path / "keys")
+    trusted = ensure_signer_keys(tmp_path / "keys")
     redis = connect_redis(redis_url)
     windows = MaintenanceStore(redis, Keys(namespace))
     async with services(env, tmp_path):
         await register(redis_url, namespace, "itest", NODES)
-        fleet.fleet_up(len(NODES), 1, "itest", namespace, tmp_path, env, [public], 1.0)
+        fleet.fleet_up(len(NODES), 1, "itest", namespace, tmp_path, env, trusted, 1.0)
         try:
             async with producer(kafka_bootstrap) as prod, tap(
                     kafka_bootstrap, name(Topic.OPS_TASK_EVENTS, namespace),

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import fleet
-from common.signing import ensure_keypair
+from common.signing import ensure_signer_keys
 from schemas.events.v1 import OpsTask, TaskEvent
 from schemas.kubernetes import OFFLINE_ANNOTATION, TAINT_KEY
 from schemas.topics import Topic
@@ -69,14 +69,14 @@ async def register_kube_cluster(env: dict[str, str], kube_api: KubeAccess, nodes
     await register(env["REDIS_URL"], env["WARDEN_NAMESPACE"], cluster, nodes)
 
 
-def start_kube_agents(env: dict[str, str], state: Path, nodes: list[str], public: Path, *,
+def start_kube_agents(env: dict[str, str], state: Path, nodes: list[str], trusted: list[Path], *,
                       cluster: str = CLUSTER, load_pct: float = LOAD_PCT) -> None:
     """An agent process per kwok node (its fleet in `state`) whose jobs are the pods the API
     server bound to its node, its GPUs held at `load_pct`."""
     for node in nodes:
         fleet.inject_fault(state, node, load_pct=load_pct)
         fleet.start_agent(node, gpus=8, cluster_id=cluster, namespace=env["WARDEN_NAMESPACE"],
-                          state_dir=state, env=env, trusted_keys=[public], interval_s=1.0,
+                          state_dir=state, env=env, trusted_keys=trusted, interval_s=1.0,
                           jobs="kube")
 
 
@@ -89,13 +89,13 @@ async def kube_cluster(env: dict[str, str], state: Path, kube_api: KubeAccess,
     """The services, cluster `itest` registered with the kubernetes backend, an agent per
     kwok node reading that node's pods, and a tap on task events and node states (and
     `topics`)."""
-    _, public = ensure_keypair(state / "keys")
+    trusted = ensure_signer_keys(state / "keys")
     namespace = env["WARDEN_NAMESPACE"]
     await register_kube_cluster(env, kube_api, nodes, capacity=capacity,
                                 capacity_namespace=capacity_namespace)
     async with services(env, state):
         try:
-            start_kube_agents(env, state, nodes, public, load_pct=load_pct)
+            start_kube_agents(env, state, nodes, trusted, load_pct=load_pct)
             async with tap(env["KAFKA_BOOTSTRAP_SERVERS"],
                            name(Topic.OPS_TASK_EVENTS, namespace),
                            name(Topic.OPS_NODE_STATE, namespace),

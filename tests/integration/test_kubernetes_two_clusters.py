@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from agent import fleet
-from common.signing import ensure_keypair, unb64url
+from common.signing import ensure_signer_keys, unb64url
 from schemas.events.v1 import Command, CommandPayload, NodeReport, NodeState, TaskEvent
 from schemas.topics import Topic
 from services.backends.kubernetes.connection import KubeAccess
@@ -122,14 +122,14 @@ async def test_a_kubernetes_cluster_and_a_local_one_with_the_same_node_names_sta
     env = kube_env(kafka_bootstrap, redis_url, namespace, tmp_path, str(kube_api.kubeconfig),
                    needs='["offline"]', AGENT_JOBS="sim:train",
                    AGENT_CHECKPOINT_STORE=str(store))
-    _, public = ensure_keypair(tmp_path / "keys")
+    trusted = ensure_signer_keys(tmp_path / "keys")
     await register_kube_cluster(env, kube_api, NODES, cluster=EAST)
     await register(redis_url, namespace, WEST, NODES)
     fleets = {EAST: tmp_path / EAST, WEST: tmp_path / WEST}
     async with services(env, tmp_path):
         try:
-            start_kube_agents(env, fleets[EAST], NODES, public, cluster=EAST)
-            fleet.fleet_up(len(NODES), 2, WEST, namespace, fleets[WEST], env, [public], 1.0)
+            start_kube_agents(env, fleets[EAST], NODES, trusted, cluster=EAST)
+            fleet.fleet_up(len(NODES), 2, WEST, namespace, fleets[WEST], env, trusted, 1.0)
             async with tap(kafka_bootstrap, *(name(t, namespace) for t in (
                     Topic.OPS_TASK_EVENTS, Topic.OPS_NODE_STATE, Topic.NODE_REPORTS,
                     Topic.NODE_COMMANDS))) as watch:

@@ -17,7 +17,7 @@ from uuid import UUID
 import pytest
 
 from agent import fleet
-from common.signing import ensure_keypair
+from common.signing import ensure_signer_keys
 from schemas.events.v1 import Alert, NodeReport, OpsTask, TaskEvent
 from schemas.topics import Topic
 from services.alerts.records import list_alerts
@@ -159,7 +159,7 @@ async def test_failed_migrations_open_the_breaker_until_an_audited_reset(
         SCHEDULER_RATE_PER_S="10",
         ALERTMANAGER_URL=alertmanager_url, ALERTS_DELIVERY_INTERVAL_S="0.5",
     )
-    _, public = ensure_keypair(tmp_path / "keys")
+    trusted = ensure_signer_keys(tmp_path / "keys")
     redis = connect_redis(redis_url)
     keys = Keys(namespace)
     store = BreakerStore(redis, keys, lambda _: BreakerConfig(disruptive=True))
@@ -171,7 +171,7 @@ async def test_failed_migrations_open_the_breaker_until_an_audited_reset(
     await migrate(database_url)  # once, before the store and the API both start
     async with services(env, tmp_path, (*launcher.SERVICES, launcher.API)) as running:
         await register(redis_url, namespace, "itest", NODES)
-        fleet.fleet_up(len(NODES), 2, "itest", namespace, tmp_path, env, [public], 1.0)
+        fleet.fleet_up(len(NODES), 2, "itest", namespace, tmp_path, env, trusted, 1.0)
         try:
             async with tap(kafka_bootstrap, name(Topic.OPS_TASK_EVENTS, namespace),
                            name(Topic.OPS_NODE_STATE, namespace),

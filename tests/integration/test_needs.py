@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from agent import fleet
-from common.signing import ensure_keypair
+from common.signing import ensure_signer_keys
 from schemas.events.v1 import NodeState, OpsNeed, PoolHealth, now_utc
 from schemas.topics import Topic
 from services.shared.registry import register
@@ -82,11 +82,11 @@ async def test_scale_out_after_the_hold_not_for_a_spike_and_load_balance_for_one
                     AGENT_JOBS="sim:train,infer",
                     ANALYZER_POOL_PERIOD_S="1", ANALYZER_SCALE__HOLD_S=f"{SCALE_HOLD_S:g}",
                     ANALYZER_LOAD_BALANCE__HOLD_S="4")
-    _, public = ensure_keypair(tmp_path / "keys")
+    trusted = ensure_signer_keys(tmp_path / "keys")
     async with services(env, tmp_path, ("collector", "analyzer")):
         for node in NODES:  # the load is set before the first report
             fleet.inject_fault(tmp_path, node, load_pct=40.0)
-        async with watched_fleet(env, tmp_path, public, NEEDS_AND_HEALTH) as watch:
+        async with watched_fleet(env, tmp_path, trusted, NEEDS_AND_HEALTH) as watch:
             await watch.wait_for(
                 lambda r: r.topic.endswith(Topic.OPS_POOL_HEALTH.value)
                 and b'"up":3' in r.value, 60, "the pool's health with 3 nodes up")
@@ -154,12 +154,12 @@ async def test_no_load_balance_need_where_no_work_can_move(
     # that moving work could fix (as for Philly's whole-node jobs).
     env = stack_env(kafka_bootstrap, redis_url, namespace, tmp_path, AGENT_JOBS="",
                     ANALYZER_POOL_PERIOD_S="1", ANALYZER_LOAD_BALANCE__HOLD_S="2")
-    _, public = ensure_keypair(tmp_path / "keys")
+    trusted = ensure_signer_keys(tmp_path / "keys")
     async with services(env, tmp_path, ("collector", "analyzer")):
         load(tmp_path, 50.0)
         fleet.inject_fault(tmp_path, "node-001", load_pct=95.0)
         fleet.inject_fault(tmp_path, "node-002", load_pct=5.0)
-        async with watched_fleet(env, tmp_path, public, NEEDS_AND_HEALTH) as watch:
+        async with watched_fleet(env, tmp_path, trusted, NEEDS_AND_HEALTH) as watch:
             await watch.wait_for(
                 lambda r: is_health(r) and health(r).nodes_by_state.get("up") == 3
                 and 40.0 < health(r).gpu_utilization_pct < 60.0, 90,
@@ -175,9 +175,9 @@ async def test_a_killed_agent_is_down_after_the_grace_and_a_repaired_node_comes_
     env = stack_env(kafka_bootstrap, redis_url, namespace, tmp_path, AGENT_JOBS="",
                     COLLECTOR_DOWN_AFTER_S=f"{DOWN_AFTER_S:g}",
                     ANALYZER_ONLINE__HOLD_S=f"{ONLINE_HOLD_S:g}", **SMALL_POOL_SAFETY)
-    _, public = ensure_keypair(tmp_path / "keys")
+    trusted = ensure_signer_keys(tmp_path / "keys")
     async with services(env, tmp_path):
-        agents = fleet.fleet_up(3, 1, "itest", namespace, tmp_path, env, [public], 1.0)
+        agents = fleet.fleet_up(3, 1, "itest", namespace, tmp_path, env, trusted, 1.0)
         await register(redis_url, namespace, "itest", [a.node_id for a in agents])
         try:
             async with tap(kafka_bootstrap, name(Topic.OPS_NEEDS, namespace),

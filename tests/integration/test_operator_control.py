@@ -23,7 +23,7 @@ from redis.asyncio import Redis
 
 from agent import fleet
 from agent.journal import JOURNAL_FILE
-from common.signing import ensure_keypair, unb64url
+from common.signing import ensure_signer_keys, unb64url
 from schemas.events.v1 import (
     Command,
     CommandPayload,
@@ -162,7 +162,7 @@ async def test_an_operator_pauses_resumes_and_terminates_running_tasks(
         SCHEDULER_SHORT_CIRCUIT_UNHEALTHY_FRACTION="0.9",
         SCHEDULER_OFFLINE_BUDGET_FRACTION="1.0",
     )
-    _, public = ensure_keypair(tmp_path / "keys")
+    trusted = ensure_signer_keys(tmp_path / "keys")
     keys = Keys(namespace)
     redis = connect_redis(redis_url)
 
@@ -173,7 +173,7 @@ async def test_an_operator_pauses_resumes_and_terminates_running_tasks(
 
     async with services(env, tmp_path):
         await register(redis_url, namespace, "itest", NODES)
-        fleet.fleet_up(len(NODES), 1, "itest", namespace, tmp_path, env, [public], 1.0)
+        fleet.fleet_up(len(NODES), 1, "itest", namespace, tmp_path, env, trusted, 1.0)
         try:
             async with producer(kafka_bootstrap) as prod, tap(
                     kafka_bootstrap, name(Topic.OPS_TASK_EVENTS, namespace),

@@ -26,7 +26,7 @@ from uuid import UUID
 import pytest
 
 from agent import fleet
-from common.signing import ensure_keypair
+from common.signing import ensure_signer_keys
 from schemas.events.v1 import OpsTask, TaskEvent, now_utc
 from schemas.topics import Topic
 from services.shared.maintenance import MaintenanceStore, new_window
@@ -129,12 +129,12 @@ async def test_pause_resume_retry_and_jump_of_a_parent_reach_its_open_children(
         TEMPLATER_TEMPLATE_DIR=str(templates_with_short_migration(tmp_path / "templates")),
         **SMALL_POOL_SAFETY,
     )
-    _, public = ensure_keypair(tmp_path / "keys")
+    trusted = ensure_signer_keys(tmp_path / "keys")
     redis = connect_redis(redis_url)
     windows = MaintenanceStore(redis, Keys(namespace))
     async with services(env, tmp_path):
         await register(redis_url, namespace, "itest", NODES)
-        fleet.fleet_up(len(NODES), 2, "itest", namespace, tmp_path, env, [public], 1.0)
+        fleet.fleet_up(len(NODES), 2, "itest", namespace, tmp_path, env, trusted, 1.0)
         try:
             async with producer(kafka_bootstrap) as prod, tap(
                     kafka_bootstrap, name(Topic.OPS_TASK_EVENTS, namespace),

@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 
 from agent import fleet
 from agent.peers import PROBE_FILE, EchoListener, read_probe_addr
-from common.signing import ensure_keypair
+from common.signing import ensure_signer_keys
 from schemas.events.v1 import NodeReport, NodeState, OpsNeed, SampleBatch, now_utc
 from schemas.topics import Topic
 from services.shared.redis_client import Keys, text
@@ -77,15 +77,15 @@ async def test_agents_probe_the_peers_the_collector_assigned_at_their_addresses(
     kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path
 ) -> None:
     env = stack_env(kafka_bootstrap, redis_url, namespace, tmp_path, AGENT_JOBS="", **PEERS)
-    _, public = ensure_keypair(tmp_path / "keys")
+    trusted = ensure_signer_keys(tmp_path / "keys")
     # node-003 lives elsewhere: its own state directory (no sibling of the others') and its
     # own loopback address, so the others can only know it from the collector, and it them.
     elsewhere = tmp_path / "elsewhere"
     async with services(env, tmp_path, ("collector",)):
         await register(redis_url, namespace, "itest", NODES)
-        fleet.fleet_up(2, 1, "itest", namespace, tmp_path, env, [public], 1.0)
+        fleet.fleet_up(2, 1, "itest", namespace, tmp_path, env, trusted, 1.0)
         fleet.fleet_up(1, 1, "itest", namespace, elsewhere,
-                       {**env, "AGENT_PROBE_HOST": "127.0.0.2"}, [public], 1.0, first=3)
+                       {**env, "AGENT_PROBE_HOST": "127.0.0.2"}, trusted, 1.0, first=3)
         try:
             async with tap(kafka_bootstrap, name(Topic.NODE_REPORTS, namespace)) as watch:
                 for node in NODES:
@@ -121,10 +121,10 @@ async def test_a_node_its_peers_cannot_reach_but_that_reports_is_taken_offline(
 ) -> None:
     env = stack_env(kafka_bootstrap, redis_url, namespace, tmp_path, AGENT_JOBS="",
                     ANALYZER_ENABLED_NEEDS='["offline", "restart_agent"]', **PEERS)
-    _, public = ensure_keypair(tmp_path / "keys")
+    trusted = ensure_signer_keys(tmp_path / "keys")
     async with services(env, tmp_path, ("collector", "analyzer")):
         await register(redis_url, namespace, "itest", NODES)
-        fleet.fleet_up(3, 1, "itest", namespace, tmp_path, env, [public], 1.0)
+        fleet.fleet_up(3, 1, "itest", namespace, tmp_path, env, trusted, 1.0)
         try:
             async with tap(kafka_bootstrap, name(Topic.NODE_REPORTS, namespace),
                            name(Topic.OPS_NEEDS, namespace),
@@ -167,12 +167,12 @@ async def test_a_dead_agent_on_a_live_node_is_restarted_not_taken_offline(
                     CAPACITY_RESTART_TIMEOUT_S="90", WARDEN_LOG_LEVEL="INFO",
                     ANALYZER_ENABLED_NEEDS='["offline", "restart_agent"]',
                     **PEERS, **SMALL_POOL_SAFETY)
-    _, public = ensure_keypair(tmp_path / "keys")
+    trusted = ensure_signer_keys(tmp_path / "keys")
     stand_in: EchoListener | None = None
     async with services(env, tmp_path, ("collector", "analyzer", "templater", "scheduler",
                                         "executor", "store")):
         await register(redis_url, namespace, "itest", NODES)
-        fleet.fleet_up(3, 1, "itest", namespace, tmp_path, env, [public], 1.0)
+        fleet.fleet_up(3, 1, "itest", namespace, tmp_path, env, trusted, 1.0)
         try:
             async with tap(kafka_bootstrap, name(Topic.NODE_REPORTS, namespace),
                            name(Topic.OPS_NEEDS, namespace), name(Topic.OPS_NODE_STATE, namespace),

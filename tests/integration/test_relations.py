@@ -23,7 +23,7 @@ import yaml
 from aiokafka import AIOKafkaProducer
 
 from agent import fleet
-from common.signing import ensure_keypair
+from common.signing import ensure_signer_keys
 from schemas.events.v1 import NeedKind, OpsNeed, TaskEvent, now_utc
 from schemas.topics import Topic
 from services.store.db import open_store
@@ -136,10 +136,10 @@ async def stack(kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: 
         SCHEDULER_BREAKER_DISRUPTIVE_KINDS="[]", SCHEDULER_BUDGET_KINDS="[]",
         SCHEDULER_RATE_LIMITED_KINDS="[]",
     )
-    _, public = ensure_keypair(tmp_path / "keys")
+    trusted = ensure_signer_keys(tmp_path / "keys")
     names = ("collector", "templater", "scheduler", "executor", "store")
     async with harness.services(env, tmp_path, names), harness.watched_fleet(
-            env, tmp_path, public, [Topic.OPS_TASK_EVENTS, Topic.OPS_NODE_STATE],
+            env, tmp_path, trusted, [Topic.OPS_TASK_EVENTS, Topic.OPS_NODE_STATE],
             len(NODES)) as watch, harness.producer(kafka_bootstrap) as prod:
         for node in NODES:
             await watch.wait_for(harness.is_up(node), 90, f"{node} up")

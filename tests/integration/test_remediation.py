@@ -10,7 +10,7 @@ from pathlib import Path
 from agent import fleet
 from agent.jobs.processes import job_dir
 from agent.ml.runtime import STATUS_FILE
-from common.signing import ensure_keypair
+from common.signing import ensure_signer_keys
 from schemas.events.v1 import TaskEvent
 from schemas.topics import Topic
 from services.shared.registry import register
@@ -82,14 +82,14 @@ async def test_a_gpu_fault_moves_the_training_job_to_another_node_with_its_progr
         CAPACITY_PROVIDER="local", CAPACITY_LOCAL_STANDBY="standby-1:2",
         SCHEDULER_SHORT_CIRCUIT_UNHEALTHY_FRACTION="0.5",
     )
-    _, public = ensure_keypair(tmp_path / "keys")
+    trusted = ensure_signer_keys(tmp_path / "keys")
     nodes = ["node-001", "node-002", "node-003"]
     # The pool is busy: once node-002 is out, the rest is above its range (80 %).
     for node in nodes:
         fleet.inject_fault(tmp_path, node, load_pct=90.0)
     async with services(env, tmp_path):
         await register(redis_url, namespace, "itest", nodes)
-        fleet.fleet_up(3, 2, "itest", namespace, tmp_path, env, [public], 1.0)
+        fleet.fleet_up(3, 2, "itest", namespace, tmp_path, env, trusted, 1.0)
         try:
             async with tap(kafka_bootstrap, name(Topic.OPS_TASK_EVENTS, namespace),
                            name(Topic.OPS_NODE_STATE, namespace)) as watch:

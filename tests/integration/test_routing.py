@@ -32,7 +32,7 @@ from redis.asyncio import Redis
 from agent import fleet
 from agent.faults import ModelFault
 from agent.ml.data import PIXEL_MAX, digits, split
-from common.signing import ensure_keypair
+from common.signing import ensure_signer_keys
 from schemas.events.v1 import MlTaskOutcome, MlTaskSubmitted, ModelSelected, now_utc
 from schemas.topics import Topic
 from services.router.registry import NodeModels
@@ -191,21 +191,21 @@ async def ready_arms(redis: Redis, keys: Keys) -> set[tuple[str, str, str]]:
 @asynccontextmanager
 async def routed_fleet(kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path,
                        fleet_models: dict[str, str], **extra: str) -> AsyncIterator[
-                           tuple[dict[str, str], Path, Redis, Keys]]:
+                           tuple[dict[str, str], list[Path], Redis, Keys]]:
     """The router and one agent per node of `fleet_models` (node -> AGENT_MODELS)."""
     env = stack_env(kafka_bootstrap, redis_url, namespace, tmp_path, WARDEN_LOG_LEVEL="INFO",
                     AGENT_PEER_PROBES="0", AGENT_JOBS="", **extra)
-    _, public = ensure_keypair(tmp_path / "keys")
+    trusted = ensure_signer_keys(tmp_path / "keys")
     redis = connect_redis(redis_url)
     keys = Keys(namespace)
     async with services(env, tmp_path, ("router",)):
         try:
-            await start_agents(env, public, tmp_path, namespace, redis_url, fleet_models)
+            await start_agents(env, trusted, tmp_path, namespace, redis_url, fleet_models)
             expected = {(node, *m.split("@")) for node, ms in fleet_models.items()
                         for m in ms.split(",")}
             await until(lambda: _has(redis, keys, expected), 90,
                         "every agent reporting its models ready")
-            yield env, public, redis, keys
+            yield env, trusted, redis, keys
         finally:
             fleet.fleet_down(tmp_path)
             await redis.aclose()
@@ -215,12 +215,12 @@ async def _has(redis: Redis, keys: Keys, expected: set[tuple[str, ...]]) -> bool
     return expected <= {tuple(a) for a in await ready_arms(redis, keys)}
 
 
-async def start_agents(env: dict[str, str], public: Path, tmp_path: Path, namespace: str,
+async def start_agents(env: dict[str, str], trusted: list[Path], tmp_path: Path, namespace: str,
                        redis_url: str, fleet_models: dict[str, str]) -> None:
     await register(redis_url, namespace, CLUSTER, list(fleet_models))
     for node, models in fleet_models.items():
         fleet.start_agent(node, gpus=1, cluster_id=CLUSTER, namespace=namespace,
-                          state_dir=tmp_path, env=env, trusted_keys=[public], interval_s=1.0,
+                          state_dir=tmp_path, env=env, trusted_keys=trusted, interval_s=1.0,
                           jobs="", models=models)
 
 
@@ -357,7 +357,7 @@ async def test_a_new_model_version_starts_with_little_traffic_and_grows(
         return s.outcome.version == "2"
 
     async with routed_fleet(kafka_bootstrap, redis_url, namespace, tmp_path, nodes,
-                            AGENT_MODEL_MAX_CONCURRENCY="6") as (env, public, redis, keys):
+                            AGENT_MODEL_MAX_CONCURRENCY="6") as (env, trusted, redis, keys):
         decisions = AIOKafkaConsumer(name(Topic.ML_DECISIONS, namespace),
                                      bootstrap_servers=kafka_bootstrap,
                                      auto_offset_reset="earliest", enable_auto_commit=False,
@@ -367,7 +367,7 @@ async def test_a_new_model_version_starts_with_little_traffic_and_grows(
             async with closed_loop(kafka_bootstrap, namespace, concurrency=12) as load:
                 # The old arms have a record before the new one comes.
                 await load.attempts(BASELINE // 2)
-                await start_agents(env, public, tmp_path, namespace, redis_url,
+                await start_agents(env, trusted, tmp_path, namespace, redis_url,
                                    {"node-004": "digits-mlp@2"})
                 await until(lambda: _has(redis, keys, {("node-004", "digits-mlp", "2")}), 90,
                             "the new version ready")
@@ -429,13 +429,13 @@ async def test_a_task_submitted_through_the_api_is_recorded_with_where_it_ran(
                     AGENT_PEER_PROBES="0", AGENT_JOBS="",
                     **site.env(f"{token}:olivia:operator"))
     await migrate(database_url)  # once, before the store and the API both start
-    _, public = ensure_keypair(tmp_path / "keys")
+    trusted = ensure_signer_keys(tmp_path / "keys")
     redis, keys = connect_redis(redis_url), Keys(namespace)
     _, _, x_test, _ = split(*digits())
     digit = [float(round(v * PIXEL_MAX)) for v in x_test[3]]
     async with services(env, tmp_path, ("router", "store", launcher.API)):
         try:
-            await start_agents(env, public, tmp_path, namespace, redis_url,
+            await start_agents(env, trusted, tmp_path, namespace, redis_url,
                                {"node-001": "digits-knn@1,digits-mlp@1"})
             await wait_healthy(base, 60)
             await until(lambda: _has(redis, keys, {("node-001", "digits-knn", "1"),

@@ -13,7 +13,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from agent import fleet
-from common.signing import ensure_keypair
+from common.signing import ensure_signer_keys
 from schemas.events.v1 import (
     MlTaskSubmitted,
     NodeReport,
@@ -131,14 +131,14 @@ async def test_a_pool_scales_out_and_rebalances_then_scales_in_without_losing_a_
         SCHEDULER_RATE_PER_S="10",
         **SMALL_POOL_SAFETY,
     )
-    _, public = ensure_keypair(tmp_path / "keys")
+    trusted = ensure_signer_keys(tmp_path / "keys")
     redis = connect_redis(redis_url)
     # Held above the range (80 %) from the first report.
     set_load(tmp_path, FLEET, 90.0)
     async with services(env, tmp_path):
         await register(redis_url, namespace, "itest", FLEET)
         # One GPU each: the standby node (2 GPUs) is bigger than the pool's nodes.
-        fleet.fleet_up(len(FLEET), 1, "itest", namespace, tmp_path, env, [public], 1.0)
+        fleet.fleet_up(len(FLEET), 1, "itest", namespace, tmp_path, env, trusted, 1.0)
         try:
             async with tap(kafka_bootstrap, name(Topic.OPS_TASK_EVENTS, namespace),
                            name(Topic.OPS_NODE_STATE, namespace),
@@ -260,11 +260,11 @@ async def test_a_backlog_of_ml_tasks_nothing_can_take_scales_the_pool_out(
     env = stack_env(kafka_bootstrap, redis_url, namespace, tmp_path, AGENT_JOBS="",
                     ANALYZER_ENABLED_NEEDS='["scale"]', ANALYZER_SCALE__HOLD_S="3",
                     ANALYZER_POOL_PERIOD_S="1", ROUTER_TASK_GPUS="0.25")
-    _, public = ensure_keypair(tmp_path / "keys")
+    trusted = ensure_signer_keys(tmp_path / "keys")
     set_load(tmp_path, FLEET, 50.0)
     async with services(env, tmp_path, ("collector", "analyzer", "router")):
         await register(redis_url, namespace, "itest", FLEET)
-        fleet.fleet_up(len(FLEET), 1, "itest", namespace, tmp_path, env, [public], 1.0)
+        fleet.fleet_up(len(FLEET), 1, "itest", namespace, tmp_path, env, trusted, 1.0)
         producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
         await producer.start()
         try:

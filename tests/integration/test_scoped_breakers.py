@@ -22,7 +22,7 @@ from redis.asyncio import Redis
 
 from agent import fleet
 from agent.ml.data import PIXEL_MAX, digits, split
-from common.signing import ensure_keypair
+from common.signing import ensure_signer_keys
 from schemas.events.v1 import (
     MlTaskOutcome,
     MlTaskSubmitted,
@@ -180,12 +180,12 @@ async def test_a_node_breaker_stops_the_nodes_ops_and_ml_tasks_until_reset(
         kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path) -> None:
     env = scoped_env(kafka_bootstrap, redis_url, namespace, tmp_path, "node",
                      AGENT_PEER_PROBES="0")
-    _, public = ensure_keypair(tmp_path / "keys")
+    trusted = ensure_signer_keys(tmp_path / "keys")
     redis, keys = connect_redis(redis_url), Keys(namespace)
     bad, good = "node-001", "node-002"
     async with services(env, tmp_path) as running:
         scheduler = next(s for s in running if s.name == "scheduler")
-        fleet.fleet_up(2, 1, "itest", namespace, tmp_path, env, [public], 1.0, models=MODELS)
+        fleet.fleet_up(2, 1, "itest", namespace, tmp_path, env, trusted, 1.0, models=MODELS)
         await register(redis_url, namespace, "itest", [bad, good])
         try:
             async with (tap(kafka_bootstrap, name(Topic.OPS_TASK_EVENTS, namespace),
@@ -247,14 +247,14 @@ async def test_a_cluster_breaker_holds_every_task_of_its_cluster_while_another_r
         kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path) -> None:
     env = scoped_env(kafka_bootstrap, redis_url, namespace, tmp_path, "cluster",
                      ANALYZER_POOL_PERIOD_S="1")
-    _, public = ensure_keypair(tmp_path / "keys")
+    trusted = ensure_signer_keys(tmp_path / "keys")
     west, east = tmp_path / "west", tmp_path / "east"
     redis, keys = connect_redis(redis_url), Keys(namespace)
     async with services(env, tmp_path, ("collector", "analyzer", "templater", "scheduler",
                                         "executor")) as running:
         scheduler = next(s for s in running if s.name == "scheduler")
-        fleet.fleet_up(2, 1, "west", namespace, west, env, [public], 1.0)
-        fleet.fleet_up(1, 1, "east", namespace, east, env, [public], 1.0, first=3)
+        fleet.fleet_up(2, 1, "west", namespace, west, env, trusted, 1.0)
+        fleet.fleet_up(1, 1, "east", namespace, east, env, trusted, 1.0, first=3)
         await register(redis_url, namespace, "west", ["node-001", "node-002"])
         await register(redis_url, namespace, "east", ["node-003"])
         try:

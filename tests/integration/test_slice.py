@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from agent import fleet
-from common.signing import ensure_keypair
+from common.signing import ensure_signer_keys
 from schemas.topics import Topic
 from services.shared.registry import register
 from tests.integration.harness import (
@@ -29,9 +29,9 @@ async def test_a_gpu_fault_and_a_stopped_heartbeat_each_become_a_succeeded_offli
 ) -> None:
     env = stack_env(kafka_bootstrap, redis_url, namespace, tmp_path,
                     COLLECTOR_DOWN_AFTER_S="6", WARDEN_LOG_LEVEL="INFO", **SMALL_POOL_SAFETY)
-    _, public = ensure_keypair(tmp_path / "keys")
+    trusted = ensure_signer_keys(tmp_path / "keys")
     async with services(env, tmp_path):
-        agents = fleet.fleet_up(3, 2, "itest", namespace, tmp_path, env, [public], 1.0)
+        agents = fleet.fleet_up(3, 2, "itest", namespace, tmp_path, env, trusted, 1.0)
         await register(redis_url, namespace, "itest", [a.node_id for a in agents])
         try:
             async with tap(kafka_bootstrap, name(Topic.OPS_TASK_EVENTS, namespace),

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from agent import fleet
 from agent.store import META_FILE, CheckpointMeta, checkpoint_dir
-from common.signing import ensure_keypair
+from common.signing import ensure_signer_keys
 from schemas.events.v1 import NodeReport, OpsNeed, PoolHealth, TaskEvent
 from schemas.topics import Topic
 from services.shared.locks import job_lock, node_lock
@@ -38,12 +38,12 @@ async def test_two_clusters_with_the_same_node_names_stay_apart(
 ) -> None:
     env = stack_env(kafka_bootstrap, redis_url, namespace, tmp_path, AGENT_JOBS="",
                     ANALYZER_POOL_PERIOD_S="1")
-    _, public = ensure_keypair(tmp_path / "keys")
+    trusted = ensure_signer_keys(tmp_path / "keys")
     async with services(env, tmp_path, ("collector", "analyzer")):
         fleets = {cluster: tmp_path / cluster for cluster in CLUSTERS}
         try:
             for cluster, state in fleets.items():
-                agents = fleet.fleet_up(2, 1, cluster, namespace, state, env, [public], 1.0)
+                agents = fleet.fleet_up(2, 1, cluster, namespace, state, env, trusted, 1.0)
                 await register(redis_url, namespace, cluster, [a.node_id for a in agents])
             async with tap(kafka_bootstrap, name(Topic.OPS_NEEDS, namespace),
                            name(Topic.OPS_POOL_HEALTH, namespace)) as watch:
@@ -131,13 +131,13 @@ async def test_a_fault_on_the_same_node_of_each_cluster_is_remedied_inside_each_
                     ANALYZER_ENABLED_NEEDS='["offline"]',
                     # Two nodes a pool: one offline is half of it, below this share.
                     SCHEDULER_SHORT_CIRCUIT_UNHEALTHY_FRACTION="0.6")
-    _, public = ensure_keypair(tmp_path / "keys")
+    trusted = ensure_signer_keys(tmp_path / "keys")
     async with services(env, tmp_path):
         fleets = {cluster: tmp_path / cluster for cluster in CLUSTERS}
         try:
             for cluster, state in fleets.items():
                 await register(redis_url, namespace, cluster, NODES)
-                fleet.fleet_up(len(NODES), 2, cluster, namespace, state, env, [public], 1.0)
+                fleet.fleet_up(len(NODES), 2, cluster, namespace, state, env, trusted, 1.0)
             async with tap(kafka_bootstrap, name(Topic.OPS_TASK_EVENTS, namespace),
                            name(Topic.OPS_POOL_HEALTH, namespace),
                            name(Topic.NODE_REPORTS, namespace)) as watch:

@@ -11,7 +11,7 @@ import typer
 
 from agent.ml.serving import STANDARD_MODELS
 from common.messaging import ensure_topics
-from common.signing import ensure_keypair
+from common.signing import ensure_signer_keys
 from warden import launcher
 from warden.cli import common
 from warden.cli.common import api_url, enrol, service_env, service_settings, state_dir
@@ -49,14 +49,14 @@ def demo(
     state = state_dir(settings)
     env = service_env(settings) | api_env(settings) | DEMO_SETTINGS
     asyncio.run(ensure_topics(settings.kafka_bootstrap_servers, settings.namespace))
-    _, public = ensure_keypair(state / "keys")
+    trusted = ensure_signer_keys(state / "keys")
     services = launcher.start_services(state, env, launcher.PROCESSES)
     names = [f"node-{i:03d}" for i in range(1, nodes + 1)]
     for node in names:  # a calm start: every GPU at 40%
         fleet.inject_fault(state, node, load_pct=40.0)
     # The agents also serve the standard models: `warden submit --digit 3 --wait` routes.
     agents = fleet.fleet_up(nodes, 2, settings.cluster_id, settings.namespace, state, env,
-                            [public], 2.0, models=",".join(STANDARD_MODELS))
+                            trusted, 2.0, models=",".join(STANDARD_MODELS))
     enrol(settings, [a.node_id for a in agents])
     typer.echo(f"services and {len(agents)} agents running; logs in {state / 'logs'}; "
                f"console at {api_url()}")

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from agent.ml.serving import STANDARD_MODELS, parse_models
-from common.signing import ensure_keypair
+from common.signing import ensure_signer_keys
 from warden.cli.common import enrol, service_env, service_settings, state_dir
 
 app = typer.Typer(help="A local fleet of agent processes.", no_args_is_help=True)
@@ -30,13 +30,13 @@ def fleet_up(
 
     settings = service_settings()
     state = state_dir(settings)
-    _, public = ensure_keypair(state / "keys")
+    trusted = ensure_signer_keys(state / "keys")
     try:
         parse_models(models)
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--models") from err
     agents = fleet.fleet_up(nodes, gpus, settings.cluster_id, settings.namespace, state,
-                            service_env(settings), [public], interval, first=first, jobs=jobs,
+                            service_env(settings), trusted, interval, first=first, jobs=jobs,
                             models=models)
     enrol(settings, [a.node_id for a in agents])
     typer.echo(f"started {len(agents)} agents: " + ", ".join(a.node_id for a in agents))

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from typing import Annotated
 
 import typer
 
 from common.messaging import ensure_topics
 from common.settings import ServiceSettings
-from common.signing import ensure_keypair
+from common.signing import SHARED_STEM, ensure_keypair, ensure_signer_keys
 from warden import launcher
 from warden.cli.common import (
     LOCAL_ADMIN,
@@ -22,10 +23,22 @@ from warden.cli.common import (
 )
 
 
-def keys() -> None:
-    """Create the command-signing key pair in the state folder (if missing)."""
-    private, public = ensure_keypair(state_dir(service_settings()) / "keys")
-    typer.echo(f"private key: {private}\npublic key:  {public}")
+def keys(
+    shared: Annotated[bool, typer.Option(
+        "--shared", help="One pair for every signer (command-signing.key, .pub), as a "
+        "deployment from before per-signer keys uses; agents trust it for every action.")
+    ] = False,
+) -> None:
+    """Create the command-signing key pairs in the state folder (if missing): one per signer
+    (executor, collector, router), each trusted by agents for its own actions only."""
+    folder = state_dir(service_settings()) / "keys"
+    if shared:
+        private, public = ensure_keypair(folder, SHARED_STEM)
+        typer.echo(f"private key: {private}\npublic key:  {public}")
+        return
+    for public in ensure_signer_keys(folder):
+        typer.echo(f"{public.stem}: private key {public.with_suffix('.key')}, "
+                   f"public key {public}")
 
 
 def topics() -> None:

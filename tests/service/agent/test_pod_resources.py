@@ -25,7 +25,7 @@ from agent import fleet
 from agent.device import simulated_uuid
 from agent.jobs.pod_resources import SERVICE, message_class
 from common.messaging import ensure_topics
-from common.signing import ensure_keypair
+from common.signing import ensure_signer_keys
 from schemas.events.v1 import JobInfo, NodeReport
 from schemas.kubernetes import GPU_RESOURCE
 from schemas.topics import Topic
@@ -106,10 +106,10 @@ async def test_the_agent_maps_each_pod_to_the_gpus_the_kubelet_says_it_holds(
                "AGENT_KUBECONFIG": str(kube_api.kubeconfig),
                "AGENT_POD_RESOURCES_SOCKET": str(socket), "AGENT_PEER_PROBES": "0"}
         await ensure_topics(kafka_bootstrap, namespace)
-        _, public = ensure_keypair(tmp_path / "keys")
+        trusted = ensure_signer_keys(tmp_path / "keys")
         try:
             fleet.start_agent(node, gpus=GPUS, cluster_id=CLUSTER, namespace=namespace,
-                              state_dir=tmp_path, env=env, trusted_keys=[public],
+                              state_dir=tmp_path, env=env, trusted_keys=trusted,
                               interval_s=0.5, jobs="kube")
             async with tap(kafka_bootstrap, name(Topic.NODE_REPORTS, namespace)) as watch:
                 # No socket yet: the next free GPUs in name order, labelled as such.

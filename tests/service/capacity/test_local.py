@@ -17,7 +17,7 @@ import pytest
 from redis.asyncio import Redis
 
 from agent import fleet
-from common.signing import ensure_keypair
+from common.signing import ensure_signer_keys
 from services.capacity.local import LocalProvider
 from services.capacity.provider import (
     PROVIDERS,
@@ -61,7 +61,7 @@ class Recorder:
 def provider(redis: Redis, keys: Keys, tmp_path: Path, recorder: Recorder | None = None,
              standby: tuple[tuple[str, int], ...] = (("standby-1", 2), ("standby-2", 8)),
              ) -> LocalProvider:
-    _, public = ensure_keypair(tmp_path / "keys")
+    trusted = ensure_signer_keys(tmp_path / "keys")
     extra: dict[str, Any] = {}
     if recorder is not None:
         extra = {"start": recorder.start, "stop": recorder.stop}
@@ -69,7 +69,7 @@ def provider(redis: Redis, keys: Keys, tmp_path: Path, recorder: Recorder | None
         redis, keys, list(standby), state_dir=tmp_path, namespace="captest",
         env={"PATH": os.environ.get("PATH", ""),
              "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}"},
-        trusted_keys=[public], interval_s=0.5, stop_timeout_s=15.0, **extra,
+        trusted_keys=trusted, interval_s=0.5, stop_timeout_s=15.0, **extra,
     )
 
 
@@ -223,10 +223,10 @@ async def test_restart_agent_starts_a_dead_agent_again_from_its_state_dir(
     redis: Redis, keys: Keys, tmp_path: Path
 ) -> None:
     local = provider(redis, keys, tmp_path)
-    _, public = ensure_keypair(tmp_path / "keys")
+    trusted = ensure_signer_keys(tmp_path / "keys")
     # A fleet node (not a standby one), started the way `warden fleet up` starts it.
     first = fleet.start_agent("node-007", gpus=3, cluster_id=CLUSTER, namespace="captest",
-                              state_dir=tmp_path, env=local.env, trusted_keys=[public],
+                              state_dir=tmp_path, env=local.env, trusted_keys=trusted,
                               interval_s=0.5, jobs="")
     try:
         wait_for_log(fleet.log_path(tmp_path, "node-007"), "GPU source")

@@ -447,7 +447,7 @@ async def test_an_agent_action_is_not_a_centre_action(cluster: Cluster) -> None:
     assert result == Failed("not_supported: drain_node is not a centre action", permanent=True)
 
 
-async def test_build_centre_wires_the_named_provider_and_the_executor_key(
+async def test_build_centre_wires_the_named_provider_and_the_signers_keys(
     redis: Redis, keys: Keys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CAPACITY_PROVIDER", "local")
@@ -455,8 +455,8 @@ async def test_build_centre_wires_the_named_provider_and_the_executor_key(
     built = build_centre(ExecutorSettings(state_dir=str(tmp_path)), redis, keys)
     assert isinstance(built.provider, LocalProvider)
     assert built.provider.standby_nodes == {"standby-1": 8}
-    [trusted] = built.provider.trusted_keys
-    assert trusted.name == "command-signing.pub"
+    assert sorted(p.name for p in built.provider.trusted_keys) == [
+        "collector.pub", "executor.pub", "router.pub"]
     monkeypatch.setenv("CAPACITY_PROVIDER", "none")
     assert isinstance(build_centre(ExecutorSettings(state_dir=str(tmp_path)), redis, keys)
                       .provider, NoneProvider)

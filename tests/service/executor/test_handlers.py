@@ -221,7 +221,7 @@ def make_harness(redis: Redis, keys: Keys, tmp_path: Path,
                  backends: BackendSteps | None = None) -> Harness:
     """An executor on the real Redis with a fake bus and a fake centre (and, if given, the
     clusters' backends)."""
-    private, _ = ensure_keypair(tmp_path / "keys")
+    private, _ = ensure_keypair(tmp_path / "keys", "executor")
     journal = Journal(redis, keys)
     bus, centre, clock = FakeBus(), FakeCentre(), SetClock()
     executor = Executor(settings or ExecutorSettings(), journal, signer_from_file(private), bus,

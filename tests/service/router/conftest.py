@@ -180,7 +180,7 @@ def make_router(redis: Redis, keys: Keys, bus: RecordingBus, clock: Clock, key_f
 
 @pytest.fixture
 def make_harness(redis: Redis, keys: Keys, tmp_path: Path) -> Any:
-    private, public = ensure_keypair(tmp_path / "keys")
+    private, public = ensure_keypair(tmp_path / "keys", "router")
 
     def build(instances: int = 1, **settings: Any) -> Harness:
         bus, clock = RecordingBus(), Clock()

@@ -19,9 +19,11 @@ from agent.jobs.runner import JobRunner
 from agent.journal import Journal
 from agent.store import CheckpointStore
 from common.signing import (
+    SIGNER_ACTIONS,
+    SIGNER_ROLES,
     CommandSigner,
     CommandVerifier,
-    ensure_keypair,
+    ensure_signer_keys,
     signer_from_file,
     verifier_from_files,
 )
@@ -32,11 +34,20 @@ CLUSTER = "local"
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 @dataclass
 class Centre:
-    """Signs commands the way the executor will."""
+    """Signs commands the way the centre will: each action with the key of the signer whose
+    role may sign it (the executor's first)."""
 
-    signer: CommandSigner
-    public_key: Path
+    signers: dict[str, CommandSigner]
+    public_keys: list[Path]
     verifier: CommandVerifier
+
+    @property
+    def signer(self) -> CommandSigner:
+        return self.signers["executor"]
+
+    def signer_for(self, action: str) -> CommandSigner:
+        return next(self.signers[role] for role in SIGNER_ROLES
+                    if action in SIGNER_ACTIONS[role])
 
     def payload(
         self,
@@ -65,8 +76,11 @@ class Centre:
             action=action or DrainNode(node_id=node),
         )
 
-    def sign(self, payload: CommandPayload) -> Command:
-        return self.signer.sign(payload, source="executor")
+    def sign(self, payload: CommandPayload, role: str | None = None) -> Command:
+        """`payload` signed by `role`'s key, or by the signer its action belongs to."""
+        signer = (self.signers[role] if role is not None
+                  else self.signer_for(payload.action.action))
+        return signer.sign(payload, source=role or "centre")
 
     def command(self, action: Action | None = None, **fields: Any) -> Command:
         return self.sign(self.payload(action, **fields))
@@ -74,8 +88,9 @@ class Centre:
 
 @pytest.fixture
 def centre(tmp_path: Path) -> Centre:
-    private, public = ensure_keypair(tmp_path / "keys")
-    return Centre(signer_from_file(private), public, verifier_from_files([public]))
+    public = ensure_signer_keys(tmp_path / "keys")
+    signers = {p.stem: signer_from_file(p.with_suffix(".key")) for p in public}
+    return Centre(signers, public, verifier_from_files(public))
 
 
 @pytest.fixture

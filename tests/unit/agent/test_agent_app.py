@@ -49,7 +49,7 @@ def settings(tmp_path: Path, centre: Any) -> AgentSettings:
         namespace=f"test-{tmp_path.name[-20:].replace('_', '-')}",
         cluster_id="local",
         state_dir=str(tmp_path / "state"),
-        trusted_keys=[centre.public_key],
+        trusted_keys=centre.public_keys,
         interval_s=0.05,
         jobs="sim",  # no processes: these tests are about the wiring
         # A probe of a live peer returns as soon as it answers; this only bounds a stuck one.

@@ -16,7 +16,7 @@ from agent.commands import CommandExecutor
 from agent.faults import FaultPlan, write_faults
 from agent.journal import Journal
 from common.errors import PermanentError
-from common.signing import CommandVerifier, b64url
+from common.signing import CommandVerifier, KeyRegistry, b64url
 from schemas.events.v1 import (
     Cancel,
     Command,
@@ -114,7 +114,7 @@ def test_unknown_kid_raises_permanent_error(
     centre: Any, journal: Journal, now: datetime
 ) -> None:
     # No trusted keys at all: every command is refused before anything is parsed.
-    executor = CommandExecutor(NODE, "local", CommandVerifier({}), journal)
+    executor = CommandExecutor(NODE, "local", CommandVerifier(KeyRegistry()), journal)
     with pytest.raises(PermanentError) as caught:
         executor.handle(centre.command(), now)
     assert caught.value.reason == "unknown_kid"
@@ -302,12 +302,13 @@ def test_a_job_action_is_fenced_by_its_job_not_by_the_node(
 def test_rejection_never_overwrites_an_executed_result(
     executor: CommandExecutor, centre: Any, journal: Journal, now: datetime
 ) -> None:
-    drain = centre.command(seq=1)
-    executor.handle(drain, now)
-    late = executor.handle(drain, now + timedelta(hours=1))
-    assert late is not None
-    assert late.reason == "expired"
-    payload = centre.verifier.verify(drain)
+    payload = centre.payload(seq=1)
+    executor.handle(centre.sign(payload), now)
+    # The same payload signed again by a signer that may not drain: refused before the
+    # journal is read, and journaled as a rejection of an id already there.
+    resigned = executor.handle(centre.sign(payload, role="collector"), now)
+    assert resigned is not None
+    assert resigned.reason == "action_not_allowed"
     cached = journal.cached_result(payload.command_id)
     assert cached is not None
     assert cached.outcome == "succeeded"

@@ -62,7 +62,7 @@ def test_fleet_up_kill_and_down(tmp_path: Path, centre: object) -> None:
         "PATH": os.environ.get("PATH", ""),
         "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}",
     }
-    keys = [centre.public_key]  # type: ignore[attr-defined]
+    keys = centre.public_keys  # type: ignore[attr-defined]
     agents = fleet_up(2, 1, "local", "fleettest", tmp_path, env, keys, 0.5)
     try:
         assert [a.node_id for a in agents] == ["node-001", "node-002"]

@@ -203,10 +203,11 @@ def test_the_settings_and_the_replay_window(monkeypatch: pytest.MonkeyPatch,
 @settings(max_examples=200, deadline=None)
 @given(issued=st.floats(-400.0, 400.0), ttl=st.floats(0.001, MAX_TTL_S),
        accepted=st.floats(-400.0, 800.0), later=st.floats(0.0, 3_600.0))
-def test_a_replay_after_the_window_is_refused_before_any_journal_is_read(
+def test_a_replay_after_the_window_is_refused_once_its_answer_is_gone(
         issued: float, ttl: float, accepted: float, later: float) -> None:
     """Keeping an answer `replay_window_s` after its command was accepted is enough: any
-    replay later than that is refused as expired by the window check, which comes first."""
+    replay later than that, its answer gone from the journal, is refused as expired by the
+    window check."""
     issued_at = NOW + timedelta(seconds=issued)
     payload = CommandPayload(
         command_id=uuid4(), cluster_id="local", node_id=NODE, seq=0, epoch=1,
@@ -258,10 +259,12 @@ def test_a_replayed_run_inference_runs_once_and_gets_the_same_answer(
     assert knn.runs == before + 1
     assert replayed.duplicate
     assert (replayed.outcome, replayed.inference) == (first.outcome, first.inference)
-    # Past its validity it is refused (expired) without running either.
+    # Past its validity it is still the answer it got (a duplicate, not `expired`), while
+    # the journal keeps it; not run either.
     late = executor.handle(command, NOW + timedelta(seconds=10 + LEEWAY_S + 1))
     assert late is not None
-    assert (late.outcome, late.reason) == ("rejected", "expired")
+    assert (late.outcome, late.duplicate, late.inference) == (
+        first.outcome, True, first.inference)
     assert knn.runs == before + 1
 
 

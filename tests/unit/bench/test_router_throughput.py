@@ -43,7 +43,7 @@ def test_reports_serve_every_model_on_every_node() -> None:
 
 
 def test_the_simulated_agent_answers_its_command(tmp_path: Path) -> None:
-    private, _ = ensure_keypair(tmp_path / "keys")
+    private, _ = ensure_keypair(tmp_path / "keys", "router")
     now = now_utc()
     task = submission(CLUSTER, now, 30.0)
     assert task.deadline - task.occurred_at == timedelta(seconds=30)

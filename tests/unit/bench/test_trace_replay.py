@@ -81,13 +81,13 @@ def test_every_node_reports_once_per_interval(nodes: int, interval: float) -> No
 
 def _signed(tmp_path: Path, action: ProbeNode | DrainNode, expires_in_s: float = 30.0,
             ) -> tuple[bytes, bytes, FleetSim]:
-    private, public = ensure_keypair(tmp_path / "keys")
+    private, public = ensure_keypair(tmp_path / "keys", "executor")
     now = datetime.now(UTC)
     payload = CommandPayload(command_id=uuid4(), cluster_id="c1", node_id=action.node_id,
                              seq=0, epoch=1,
                              issued_at=now, expires_at=now + timedelta(seconds=expires_in_s),
                              action=action)
-    command = signer_from_file(private).sign(payload, "collector")
+    command = signer_from_file(private).sign(payload, "executor")
     sim = FleetSim("unused:9092", "ns", "c1", ["n1", "n2"], interval_s=1.0,
                    verifier=verifier_from_files([public]))
     return command.model_dump_json().encode(), action.node_id.encode(), sim
