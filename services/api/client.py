@@ -91,6 +91,8 @@ class ApiClient:
             return response.json()
         message, body = _message(response)
         hint = _HINTS.get(response.status_code)
+        if isinstance(body, dict) and body.get("reason") == "token_expired":
+            hint = "the token expired: ask an admin for a new one (`warden api token`)"
         raise ApiError(response.status_code,
                        f"{hint}: {message}" if hint else message, body)
 
