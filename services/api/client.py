@@ -212,6 +212,19 @@ class ApiClient:
                                          params={"cluster": cluster, "task_type": task_type})
         return view
 
+    # ------------------------------------------------------------ audit
+
+    def audit_head(self) -> dict[str, Any]:
+        """The audit chain's head: hash and count (admin)."""
+        result: dict[str, Any] = self.call("GET", "/api/audit/head")
+        return result
+
+    def verify_audit(self, anchor: str | None = None) -> dict[str, Any]:
+        """The chain's verdict, checked from its first entry (and against `anchor`)."""
+        result: dict[str, Any] = self.call("GET", "/api/audit", params={
+            "verify": "true", "limit": 1, "anchor": anchor})["chain"]
+        return result
+
     # ------------------------------------------------------------ alerts
 
     def alerts(self, **filters: Any) -> dict[str, Any]:
