@@ -8,8 +8,9 @@ so reads keep working while it is down. The web console is served at `/`.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import datetime
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -17,17 +18,21 @@ from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.types import Scope
 
+from common.clock import Clock
 from common.telemetry import Telemetry, setup_telemetry
-from schemas.events.v1 import TemplateChanged
+from schemas.events.v1 import TemplateChanged, now_utc
 from schemas.topics import Topic
 from services.analyzer.settings import AnalyzerSettings
 from services.api import templates
-from services.api.auth import TokenTable, load_tokens
+from services.api.auth import Refusal, TokenTable, load_tokens
 from services.api.cluster import ClusterReader
-from services.api.deps import Runtime, audit, client_detail
+from services.api.deps import Runtime, audit, audit_refusal, client_detail
 from services.api.forecasting import ForecastCache
+from services.api.guard import RequestGuard
 from services.api.publisher import Publisher
+from services.api.refusals import RefusalCounter
 from services.api.routes import alerts as alert_routes
 from services.api.routes import audit as audit_routes
 from services.api.routes import cluster, health, maintenance, me, ml, plans, tasks
@@ -77,11 +82,15 @@ async def _runtime(settings: ApiSettings, tokens: TokenTable, telemetry: Telemet
         analyzer=AnalyzerSettings(), publisher=publisher,
         templates=TemplateBook(store, notify),
         forecasts=ForecastCache(settings.forecast_ttl_s),
+        refusals=RefusalCounter(redis, keys),
+        refusal_count=telemetry.meter("clusterwarden.api").create_counter(
+            "api.auth_refusals", description="Refused authentications by reason"),
     )
 
 
-def create_api(settings: ApiSettings | None = None) -> FastAPI:
-    """The API application (settings from the environment unless given)."""
+def create_api(settings: ApiSettings | None = None, clock: Clock = now_utc) -> FastAPI:
+    """The API application (settings from the environment unless given; `clock` decides
+    tokens' expiry and the windows of refused authentications)."""
     settings = settings or ApiSettings()
     configure_logging()
     # Read here, not at the first request: a bad token entry stops the API at start.
@@ -111,15 +120,11 @@ def create_api(settings: ApiSettings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
 
-    @app.middleware("http")
-    async def bounded_body(request: Request,
-                           call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        # Refused before the body is read: a client cannot make the API buffer megabytes.
-        length = request.headers.get("content-length", "")
-        if length.isdigit() and int(length) > MAX_BODY_BYTES:
-            return JSONResponse({"detail": f"body larger than {MAX_BODY_BYTES} bytes"},
-                                status_code=413)
-        return await call_next(request)
+    async def refused(scope: Scope, refusal: Refusal, now: datetime) -> None:
+        await audit_refusal(app.state.runtime, Request(scope), refusal, now)
+
+    app.add_middleware(RequestGuard, tokens=tokens, clock=clock, on_refusal=refused,
+                       max_body_bytes=MAX_BODY_BYTES)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> Response:

@@ -91,6 +91,8 @@ class ApiClient:
             return response.json()
         message, body = _message(response)
         hint = _HINTS.get(response.status_code)
+        if isinstance(body, dict) and body.get("reason") == "token_expired":
+            hint = "the token expired: ask an admin for a new one (`warden api token`)"
         raise ApiError(response.status_code,
                        f"{hint}: {message}" if hint else message, body)
 
@@ -209,6 +211,19 @@ class ApiClient:
         view: dict[str, Any] = self.call("GET", "/api/ml/models",
                                          params={"cluster": cluster, "task_type": task_type})
         return view
+
+    # ------------------------------------------------------------ audit
+
+    def audit_head(self) -> dict[str, Any]:
+        """The audit chain's head: hash and count (admin)."""
+        result: dict[str, Any] = self.call("GET", "/api/audit/head")
+        return result
+
+    def verify_audit(self, anchor: str | None = None) -> dict[str, Any]:
+        """The chain's verdict, checked from its first entry (and against `anchor`)."""
+        result: dict[str, Any] = self.call("GET", "/api/audit", params={
+            "verify": "true", "limit": 1, "anchor": anchor})["chain"]
+        return result
 
     # ------------------------------------------------------------ alerts
 

@@ -2,25 +2,32 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request, Security, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from opentelemetry.metrics import Counter
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from schemas.envelope import reason_text, short_text
 from services.analyzer.settings import AnalyzerSettings
-from services.api.auth import Principal, Role, TokenTable
+from services.api.auth import Principal, Refusal, Role, TokenTable
 from services.api.cluster import ClusterReader
 from services.api.forecasting import ForecastCache
 from services.api.publisher import Publisher
+from services.api.refusals import MAX_AUDITED_PAIRS, RefusalCounter, window_of
 from services.api.settings import ApiSettings
 from services.shared.redis_client import Keys
 from services.store.db import Store
 from services.store.queries import append_audit
 from services.store.template_versions import TemplateBook
+
+log = logging.getLogger("clusterwarden.api")
 
 # Who an audit entry names when the caller could not be identified.
 ANONYMOUS = "anonymous"
@@ -42,6 +49,8 @@ class Runtime:
     publisher: Publisher
     templates: TemplateBook
     forecasts: ForecastCache
+    refusals: RefusalCounter
+    refusal_count: Counter
 
 
 def runtime(request: Request) -> Runtime:
@@ -73,24 +82,55 @@ async def audit(rt: Runtime, principal: Principal | None, action: str, target: s
         )
 
 
+async def audit_refusal(rt: Runtime, request: Request, refusal: Refusal,
+                        now: datetime) -> None:
+    """Count a refused authentication; audit it if it is its source's first for its reason in
+    the window (services/api/refusals.py), or the one that reaches the window's cap."""
+    detail = client_detail(request)
+    source = detail["ip"] or "unknown"
+    window = window_of(now, rt.refusals.window_s)
+    rt.refusal_count.add(1, {"reason": refusal.reason})
+    try:
+        decision = await rt.refusals.count(window, source, refusal)
+    except RedisError as err:
+        # Not audited one by one instead: that is the flood the count exists to stop.
+        log.warning("refused authentication from %s (%s) not counted: Redis: %s", source,
+                    refusal.reason, err)
+        return
+    until = (window.start + timedelta(seconds=rt.refusals.window_s)).isoformat()
+    aggregate = {"refusal": refusal.reason, "window_start": window.start.isoformat(),
+                 "window_s": rt.refusals.window_s}
+    if decision == "audit":
+        await audit(rt, None, "authenticate", request.url.path,
+                    f"{refusal.text}; later ones from {source} for the same reason until "
+                    f"{until} are counted, not audited", "401", detail | aggregate)
+    elif decision == "audit_cap":
+        log.warning("refused authentications from more than %d sources in the window from %s",
+                    MAX_AUDITED_PAIRS, window.start.isoformat())
+        await audit(rt, None, "authenticate", "*",
+                    f"more than {MAX_AUDITED_PAIRS} sources refused since "
+                    f"{window.start.isoformat()}: the others until {until} are counted, not "
+                    "audited", "401", aggregate)
+
+
 def require(role: Role) -> Callable[..., Awaitable[Principal]]:
-    """A dependency that admits callers with `role` or a higher one (401/403, audited)."""
+    """A dependency that admits callers with `role` or a higher one (403, audited).
+
+    The token was checked before the body was read (services/api/guard.py), which left the
+    principal in the request's state; `credentials` is declared only so that the OpenAPI
+    document names the bearer scheme.
+    """
 
     async def dependency(
         request: Request,
         credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)],
     ) -> Principal:
         rt = runtime(request)
-        principal = rt.tokens.authenticate(credentials.credentials) if credentials else None
-        if principal is None:
-            await audit(rt, None, "authenticate", request.url.path,
-                        "no bearer token" if credentials is None else "unknown bearer token",
-                        "401", client_detail(request))
+        principal = getattr(request.state, "principal", None)
+        if not isinstance(principal, Principal):  # a route outside the guard's /api prefix
             raise HTTPException(status.HTTP_401_UNAUTHORIZED,
                                 "a valid bearer token is required",
                                 headers={"WWW-Authenticate": "Bearer"})
-        # Kept for the validation-error handler, which audits refused mutating calls.
-        request.state.principal = principal
         if not principal.allows(role):
             await audit(rt, principal, "authorize", request.url.path,
                         f"needs role {role}, has {principal.role}", "403",

@@ -270,6 +270,15 @@ class Keys:
         """STREAM of audited operator actions (hash-chained entries)."""
         return f"{self.prefix}audit"
 
+    def api_refusals(self, window: int, source: str, reason: str) -> str:
+        """STRING count of one source's refused authentications for one reason in one
+        window (services/api/refusals.py; expires with the window after next)."""
+        return f"{self.prefix}api-refusals:{window}:{reason}:{source}"
+
+    def api_refusal_sources(self, window: int) -> str:
+        """STRING count of the (source, reason) pairs refused in one window (same expiry)."""
+        return f"{self.prefix}api-refusal-sources:{window}"
+
     # -------------------------------------------------------- ML task routing
 
     def ml_registry(self, cluster: str) -> str:

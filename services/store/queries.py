@@ -182,9 +182,29 @@ async def list_audit(session: AsyncSession, limit: int = 50,
     return [AuditRow.model_validate(row) for row in rows], int(total)
 
 
-async def audit_verdict(session: AsyncSession) -> Verdict:
-    """Recompute the chain from the first entry and compare its end with the head."""
+@dataclass(frozen=True)
+class AuditHeadValue:
+    """The chain's head: its last hash and how many entries it holds (GENESIS, 0 if none)."""
+
+    hash: str
+    count: int
+
+
+async def audit_head(session: AsyncSession) -> AuditHeadValue:
+    head = (await session.execute(
+        select(AuditHead.hash, AuditHead.count).where(AuditHead.id == HEAD_ID))).one_or_none()
+    return AuditHeadValue(GENESIS, 0) if head is None else AuditHeadValue(head[0], int(head[1]))
+
+
+async def audit_verdict(session: AsyncSession, anchor: str | None = None) -> Verdict:
+    """Recompute the chain from the first entry and compare its end with the head.
+
+    `anchor`: a head exported earlier (`/api/audit/head`) and kept apart from the store. The
+    chain must still hold an entry of that hash: whoever cuts off the tail and rewrites the
+    head to match leaves the chain consistent, but without the anchored entry.
+    """
     running, count, last_id = GENESIS, 0, None
+    anchored = anchor is None or anchor == GENESIS
     while True:
         query = select(AuditEntry).order_by(AuditEntry.id).limit(VERIFY_BATCH)
         if last_id is not None:
@@ -198,6 +218,7 @@ async def audit_verdict(session: AsyncSession) -> Verdict:
             if why:
                 return Verdict(False, count, why, str(row.id))
             running, count, last_id = row.hash, count + 1, row.id
+            anchored = anchored or row.hash == anchor
         if len(batch) < VERIFY_BATCH:
             break
     head = (await session.execute(
@@ -207,6 +228,9 @@ async def audit_verdict(session: AsyncSession) -> Verdict:
         said = "no head" if head is None else f"head says {head_count} entries"
         return Verdict(False, count, f"{said}, the table holds {count}: entries cut off or "
                                      "head changed")
+    if not anchored:
+        return Verdict(False, count, f"the anchored head {anchor} is not in the chain: entries "
+                                     "cut off and the head rewritten to match")
     return Verdict(True, count)
 
 

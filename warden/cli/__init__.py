@@ -10,6 +10,7 @@ import typer
 from warden.cli import (
     alerts,
     api,
+    audit,
     breaker,
     clusters,
     demo,
@@ -32,7 +33,7 @@ for name, group in (("fleet", fleet.app), ("cluster", clusters.app), ("breaker",
                     ("tasks", tasks.app),
                     ("templates", templates.app), ("api", api.app), ("ml", ml.app),
                     ("alerts", alerts.app), ("maintenance", maintenance.app),
-                    ("rotation", maintenance.rotation_app)):
+                    ("rotation", maintenance.rotation_app), ("audit", audit.app)):
     app.add_typer(group, name=name)
 
 

@@ -10,17 +10,21 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-from collections.abc import AsyncIterator, Iterable
+import threading
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 from aiokafka import AIOKafkaConsumer
 from pydantic import SecretStr
+from starlette.types import ASGIApp
 
-from schemas.events.v1 import TaskEvent
+from common.clock import Clock
+from schemas.events.v1 import TaskEvent, now_utc
 from schemas.topics import Topic, topic_name
 from services.api.app import create_api
 from services.api.auth import Role
@@ -79,6 +83,42 @@ class Api:
         return await self.client.put(path, json=body, headers=auth(role) if role else {})
 
 
+class Server:
+    """The API (or an app wrapping it) under uvicorn on a free port, in a thread with its own
+    event loop."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0,
+                                                    log_level="warning"))
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_until_complete,
+                                       args=(self.server.serve(),), daemon=True)
+
+    def __enter__(self) -> Server:
+        self.thread.start()
+        deadline = threading.Event()
+        for _ in range(200):
+            if self.server.started:
+                return self
+            deadline.wait(0.05)
+        raise RuntimeError("the API did not start")
+
+    def __exit__(self, *_: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.loop.close()
+
+    @property
+    def url(self) -> str:
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    def call(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> Any:
+        """Run a coroutine in the server's loop (where the store and Redis connections live)."""
+        return asyncio.run_coroutine_threadsafe(fn(*args), self.loop).result(30)
+
+
 @pytest.fixture
 def template_dir(tmp_path: Path) -> Path:
     folder = tmp_path / "templates"
@@ -97,10 +137,12 @@ def api_settings(database_url: str, redis_url: str, namespace: str, tmp_path: Pa
     )
 
 
-async def start(settings: ApiSettings) -> AsyncIterator[Api]:
-    app = create_api(settings)
+async def start(settings: ApiSettings, clock: Clock = now_utc,
+                source: tuple[str, int] = ("127.0.0.1", 123)) -> AsyncIterator[Api]:
+    """The API in this loop; `source` is the address its requests come from."""
+    app = create_api(settings, clock)
     async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
+        transport = httpx.ASGITransport(app=app, client=source)
         async with httpx.AsyncClient(transport=transport, base_url="http://api.test") as client:
             yield Api(client, app.state.runtime, settings)
         await clean_redis(app.state.runtime)

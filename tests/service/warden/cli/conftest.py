@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
-import uvicorn
-from fastapi import FastAPI
 from pydantic import SecretStr
 from typer.testing import CliRunner, Result
 
@@ -26,46 +21,12 @@ from services.store.recorder import Recorder
 # The API's fixtures (api_settings, template_dir): the commands run against that API.
 from tests.service.api.conftest import (  # noqa: F401
     TOKENS,
+    Server,
     api_settings,
     clean_redis,
     template_dir,
 )
 from warden.cli import app, common
-
-
-class Server:
-    """The API under uvicorn on a free port, in a thread with its own event loop."""
-
-    def __init__(self, app: FastAPI) -> None:
-        self.app = app
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0,
-                                                    log_level="warning"))
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_until_complete,
-                                       args=(self.server.serve(),), daemon=True)
-
-    def __enter__(self) -> Server:
-        self.thread.start()
-        deadline = threading.Event()
-        for _ in range(200):
-            if self.server.started:
-                return self
-            deadline.wait(0.05)
-        raise RuntimeError("the API did not start")
-
-    def __exit__(self, *_: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-        self.loop.close()
-
-    @property
-    def url(self) -> str:
-        port = self.server.servers[0].sockets[0].getsockname()[1]
-        return f"http://127.0.0.1:{port}"
-
-    def call(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> Any:
-        """Run a coroutine in the server's loop (where the store and Redis connections live)."""
-        return asyncio.run_coroutine_threadsafe(fn(*args), self.loop).result(30)
 
 
 @dataclass
