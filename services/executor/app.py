@@ -42,7 +42,8 @@ def create_app(settings: ExecutorSettings | None = None) -> FastStream:
     # sweep, not as a starter: starters run before the broker can publish.
     return build_app(
         broker, settings,
-        loops=[("deadline-sweep", settings.deadline_sweep_interval_s, executor.sweep_deadlines)],
+        loops=[("deadline-sweep", settings.deadline_sweep_interval_s, executor.sweep_deadlines),
+               ("backends-warm", settings.backend_warm_interval_s, backends.warm)],
         closers=[executor.stop, backends.close, redis.aclose],
         dependencies=[checks.redis(redis)],
     )

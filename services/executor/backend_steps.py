@@ -66,7 +66,12 @@ from services.executor.cluster_view import ClusterView
 from services.executor.health import RECHECK_S, judge
 from services.executor.ports import CentreResult, Completed, Failed
 from services.shared.redis_client import Keys
-from services.shared.registry import cluster_backend, deregister_nodes, register_nodes
+from services.shared.registry import (
+    backend_clusters,
+    cluster_backend,
+    deregister_nodes,
+    register_nodes,
+)
 
 log = logging.getLogger("clusterwarden.executor.backends")
 
@@ -216,6 +221,18 @@ class ClusterBackends:
     async def backend(self, cluster: str) -> Backend:
         """The cluster's opened backend (opened again if its registration changed)."""
         return await self.opened.backend(cluster)
+
+    async def warm(self) -> None:
+        """Opens the backend of every cluster registered with one, before a step needs it:
+        opening lists the cluster's nodes and pods, and at 1,000 nodes decoding those lists
+        holds the event loop for over a second, which the first fault's drains (and every
+        task the executor received meanwhile) waited out."""
+        for cluster in await backend_clusters(self.redis, self.keys):
+            try:
+                await self.opened.backend(cluster)
+            except Exception:  # one unreachable cluster must not keep the others closed
+                log.exception("opening the backend of cluster %s failed; next try soon",
+                              cluster)
 
     async def run(self, task: OpsTask, index: int, command_id: UUID,
                   dry_run: bool) -> CentreResult:

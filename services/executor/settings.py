@@ -18,6 +18,10 @@ class ExecutorSettings(ServiceSettings):
     )
     command_ttl_s: float = Field(default=120.0, gt=0.0, le=300.0)
     deadline_sweep_interval_s: float = Field(default=1.0, gt=0.0)
+    backend_warm_interval_s: float = Field(
+        default=10.0, gt=0.0,
+        description="How often the backends of clusters registered with one are opened if "
+                    "they are not (their lists and watches ready before a step needs them).")
     backoff_base_s: float = Field(
         default=1.0, gt=0.0, le=3_600.0,
         description="Delay before the 2nd attempt of a step; doubled for each later one.",

@@ -112,6 +112,11 @@ class Keys:
         """ZSET node -> when the centre next probes it (epoch seconds)."""
         return f"{self.prefix}probe-due:{cluster}"
 
+    def backend_clusters(self) -> str:
+        """SET of the clusters whose `cluster_backend` is not local (kept with it), so the
+        executor opens their backends before their first step needs one."""
+        return f"{self.prefix}backend-clusters"
+
     def probes_pending(self) -> str:
         """ZSET probe command id -> its deadline; HASH beside it: command id -> cluster/node."""
         return f"{self.prefix}probes-pending"

@@ -94,7 +94,18 @@ LOCAL = ClusterBackend()
 
 async def set_cluster_backend(redis: Redis, keys: Keys, cluster: str,
                               backend: ClusterBackend) -> None:
-    await redis.set(keys.cluster_backend(cluster), backend.to_json())
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.set(keys.cluster_backend(cluster), backend.to_json())
+        if backend.kind == "local":
+            pipe.srem(keys.backend_clusters(), cluster)
+        else:
+            pipe.sadd(keys.backend_clusters(), cluster)
+        await pipe.execute()
+
+
+async def backend_clusters(redis: Redis, keys: Keys) -> list[str]:
+    """The clusters registered with a backend other than `local`."""
+    return sorted(text(c) for c in await redis.smembers(keys.backend_clusters()))
 
 
 async def cluster_backend(redis: Redis, keys: Keys, cluster: str) -> ClusterBackend:

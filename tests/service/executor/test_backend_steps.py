@@ -337,3 +337,19 @@ async def test_online_whose_node_stays_unhealthy_fails_retryably_and_never_uncor
     assert "its agent's last fault was" in failed.reason
     assert "retry in 1 s" in failed.reason
     assert backend.calls == []
+
+
+async def test_the_backends_of_registered_clusters_are_opened_before_any_step_needs_them(
+    redis: Redis, keys: Keys, tmp_path: Path,
+) -> None:
+    backend = RecordingBackend()
+    harness, opened = await kube_harness(redis, keys, tmp_path, backend)
+    await set_cluster_backend(redis, keys, "gone-local", KUBE)
+    await set_cluster_backend(redis, keys, "gone-local", ClusterBackend())  # back to local
+    backends = harness.executor.workflow.backends
+    assert isinstance(backends, ClusterBackends)
+    await backends.warm()
+    assert opened == [KUBE]  # the Kubernetes cluster's, not the one back to local agents
+    assert backends.opened.clusters() == [CLUSTER]
+    await backends.warm()  # already open: nothing opened again
+    assert opened == [KUBE]
