@@ -43,7 +43,8 @@ def create_app(settings: ExecutorSettings | None = None) -> FastStream:
     return build_app(
         broker, settings,
         loops=[("deadline-sweep", settings.deadline_sweep_interval_s, executor.sweep_deadlines),
-               ("backends-warm", settings.backend_warm_interval_s, backends.warm)],
+               ("backends-warm", settings.backend_warm_interval_s, backends.warm),
+               ("locks-renew", settings.lock_renew_interval_s, executor.renew_locks)],
         closers=[executor.stop, backends.close, redis.aclose],
         dependencies=[checks.redis(redis)],
     )

@@ -92,6 +92,9 @@ class Executor:
     async def sweep_deadlines(self) -> None:
         await self.recovery.sweep_deadlines()
 
+    async def renew_locks(self) -> None:
+        await self.recovery.renew_locks()
+
     async def idle(self) -> None:
         """Until no step runs through a cluster's backend (they run beside the consumers)."""
         await self.workflow.idle()

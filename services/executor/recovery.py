@@ -23,6 +23,7 @@ from services.executor.events import TaskEvents
 from services.executor.journal import Journal, Workflow, epoch_ms
 from services.executor.settings import ExecutorSettings
 from services.executor.workflow import WorkflowCore
+from services.shared.locks import lock_ttl_s
 
 log = logging.getLogger("clusterwarden.executor")
 
@@ -53,6 +54,20 @@ class Recovery:
             await self._guarded(task_id, self._overdue(task_id, now_ms))
         for task_id in await self.journal.due_retries(now_ms):
             await self._guarded(task_id, self._retry_due(task_id))
+
+    async def renew_locks(self) -> None:
+        """Every running task's locks live on while it runs: their TTL is the task's worst
+        case, and a task that outlives it (retries, slow steps) would let a second task act
+        on its target. A lock another task took meanwhile is left to it; the task's next
+        step is refused for it (`lock_lost`)."""
+        for task_id in await self.journal.open_workflows():
+            wf = await self.journal.load(task_id)
+            if wf is None or wf.state != "running":
+                continue  # a paused task takes its locks again when it is resumed
+            held = await self.core.locks.acquire(task_id, wf.task.mutex_keys,
+                                            lock_ttl_s(wf.task, self.settings.lock_margin_s))
+            if held is not None:
+                log.warning("task %s lost lock %s to task %s", task_id, held.lock, held.owner)
 
     async def _guarded(self, task_id: str, work: Awaitable[None]) -> None:
         """One workflow's failure must not stop the sweep of the others; Redis down does."""

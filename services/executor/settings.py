@@ -18,6 +18,9 @@ class ExecutorSettings(ServiceSettings):
     )
     command_ttl_s: float = Field(default=120.0, gt=0.0, le=300.0)
     deadline_sweep_interval_s: float = Field(default=1.0, gt=0.0)
+    lock_renew_interval_s: float = Field(
+        default=30.0, gt=0.0,
+        description="How often a running task's locks are renewed (to its worst-case TTL).")
     backend_warm_interval_s: float = Field(
         default=10.0, gt=0.0,
         description="How often the backends of clusters registered with one are opened if "

@@ -54,7 +54,7 @@ from services.executor.ports import (
     Waiting,
 )
 from services.executor.settings import ExecutorSettings
-from services.shared.locks import Locks
+from services.shared.locks import Locks, lock_ttl_s
 
 log = logging.getLogger("clusterwarden.executor")
 
@@ -154,6 +154,14 @@ class WorkflowCore:
         await self.events.emit(task, "running", "running", step=index, step_state="started",
                                command_id=command_id, run=wf.run,
                                reason=f"{step.name}: {step.action.action} attempt {wf.attempt + 1}")
+        # Fenced on the task's locks before it acts, and they are renewed so: a task whose
+        # lock lapsed and was taken by another must not act on the same target.
+        held = await self.locks.acquire(wf.task_id, task.mutex_keys,
+                                        lock_ttl_s(task, self.settings.lock_margin_s))
+        if held is not None:
+            await self.step_failed(wf, "failed", f"lock_lost: lock {held.lock} is held by "
+                                                 f"task {held.owner}", permanent=True)
+            return
         if await self.backends.handles(task, step):
             self._in_background(wf)
         elif await self.runs_in_centre(wf):

@@ -434,6 +434,33 @@ async def test_an_earlier_dispatch_redelivered_after_a_newer_one_is_ignored_as_s
     assert len(harness.commands()) == 1
 
 
+async def test_a_task_whose_lock_another_task_took_does_not_act_again(harness: Harness) -> None:
+    task = drain_offline()
+    await harness.dispatch(task)
+    # The lock lapsed while the drain ran and another task took the node.
+    await harness.redis.set(harness.keys.lock(f"node.{NODE}"), "someone-else")
+    await harness.answer(harness.last_command())
+    final = harness.final(task)
+    assert final.state == "failed"
+    assert "lock_lost: lock node." in (final.reason or "")
+    assert [c.action.action for c in harness.commands()] == ["drain_node"]  # no offline
+    assert await harness.lock_owner(f"node.{NODE}") == "someone-else"  # left to its owner
+
+
+async def test_a_running_tasks_locks_are_renewed_and_a_finished_ones_are_not(
+        harness: Harness) -> None:
+    running, done = drain_offline(), make_task(DrainNode(node_id="node-xyz"),
+                                               mutex=["node.node-xyz"])
+    await harness.dispatch(running)
+    await harness.dispatch(done)
+    await harness.answer(harness.commands()[-1])  # `done` ends: its lock is released
+    lock = harness.keys.lock(f"node.{NODE}")
+    await harness.redis.pexpire(lock, 1_000)  # about to lapse
+    await harness.executor.renew_locks()
+    assert await harness.redis.pttl(lock) > 60_000
+    assert await harness.lock_owner("node.node-xyz") is None
+
+
 # ---------------------------------------------------------------- failures and retries
 
 
