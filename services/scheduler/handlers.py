@@ -18,6 +18,7 @@ from typing import Literal
 from uuid import uuid4, uuid5
 
 from common.clock import Clock
+from common.errors import PermanentError
 from common.messaging import EventBus
 from schemas import ids
 from schemas.envelope import IDENTIFIER_MAX, short_text
@@ -427,7 +428,15 @@ class Scheduler:
         log.warning("alert: short-circuit on %s/%s: %s", cluster, pool, verdict.reason)
 
     async def on_pool_health(self, health: PoolHealth) -> None:
-        """Keep the latest health of each pool, for the short-circuit and the budget."""
+        """Keep the latest health of each pool, for the short-circuit and the budget.
+
+        Health dated ahead of the clock is refused: kept, it would count as the newest for
+        as long as it is ahead, shadowing every genuine report, so one forged `all healthy`
+        would turn the short-circuit off."""
+        ahead_s = (health.occurred_at - self.clock()).total_seconds()
+        if ahead_s > self.settings.future_skew_s:
+            raise PermanentError("future_dated", f"pool health of {health.cluster_id}/"
+                                 f"{health.pool} is dated {ahead_s:.0f} s ahead of the clock")
         if await self.safety.save_health(health):
             await self._end_short_circuit(health)
 

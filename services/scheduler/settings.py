@@ -4,6 +4,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from common.settings import ServiceSettings
+from schemas.events.v1.values import REPORT_CLOCK_SKEW_S
 from services.scheduler import safety
 from services.scheduler.breaker import DEFAULT_DISRUPTIVE_KINDS, BreakerConfig, BreakerScope
 
@@ -72,6 +73,9 @@ class SchedulerSettings(ServiceSettings):
         default=safety.DEFAULT_MAX_AGE_S, gt=0.0, le=86_400.0,
         description="Older pool health counts as none: disruptive tasks wait (fail closed).",
     )
+    future_skew_s: float = Field(
+        default=REPORT_CLOCK_SKEW_S, ge=0.0,
+        description="Pool health dated further ahead of the clock than this is refused.")
     pool_health_ttl_s: int = Field(default=600, ge=1, le=86_400,
                                    description="How long the latest pool health is kept.")
     offline_budget_fraction: float = Field(

@@ -6,11 +6,13 @@ answer for holding them too, and a bug in a limit propagating instead."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any, NoReturn
 
 import pytest
 from redis.asyncio import Redis
 
+from common.errors import PermanentError
 from schemas.events.v1 import Alert, OpsTask, TaskScheduled
 from schemas.topics import Topic
 from services.scheduler.breaker_store import UNREADABLE, BreakerStore
@@ -386,5 +388,22 @@ async def test_a_short_circuit_alert_resolves_once_the_pool_is_healthy_again(
     # Once: the episode is over.
     await s.on_pool_health(pool_health({"up": 10}, s.clock()))
     assert len(alerts(s)) == 2
+    await s.dispatch()
+    assert dispatched(s) == ["node-1"]
+
+
+async def test_pool_health_dated_ahead_of_the_clock_is_refused_and_shadows_nothing(
+        redis: Redis, keys: Keys, clock: Clock) -> None:
+    s = scheduler(redis, keys, clock)
+    clock.advance(1.0)
+    await s.on_pool_health(pool_health({"up": 5, "down": 5}, s.clock()))
+    # Forged: all healthy, dated a day ahead, so that it would stay the newest all day.
+    with pytest.raises(PermanentError, match="ahead of the clock"):
+        await s.on_pool_health(pool_health({"up": 10}, s.clock() + timedelta(days=1)))
+    await s.on_task(task("node-1"))
+    await s.dispatch()
+    assert dispatched(s) == []  # the genuine health still holds the short-circuit
+    # Within the allowed skew it is a genuine report from a clock a little ahead.
+    await s.on_pool_health(pool_health({"up": 10}, s.clock() + timedelta(seconds=10)))
     await s.dispatch()
     assert dispatched(s) == ["node-1"]
