@@ -344,7 +344,8 @@ class Scheduler:
         schedulers cannot both take the pool's last place.
         """
         now = self.clock()
-        budgeted = task.kind in self.settings.budget_kinds
+        kind = safety.safety_kind(task, self.settings.budget_kinds)
+        budgeted = kind in self.settings.budget_kinds
         try:
             health = await self.safety.load_health(task.cluster_id, task.pool)
             target_state = (await self.safety.node_state(task.cluster_id, task.target)
@@ -356,7 +357,7 @@ class Scheduler:
                         task.task_id, err)
             return "refused"
         verdict = safety.short_circuit(
-            health, task.kind, now, self.settings.pool_health_max_age_s,
+            health, kind, now, self.settings.pool_health_max_age_s,
             self.settings.short_circuit_unhealthy_fraction,
             self.settings.breaker_disruptive_kinds)
         if not verdict.allowed:

@@ -12,7 +12,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict
 
-from schemas.events.v1 import NodeStateName, PoolHealth
+from schemas.events.v1 import NodeStateName, OpsTask, PoolHealth
 from services.scheduler.breaker import DEFAULT_DISRUPTIVE_KINDS
 
 DEFAULT_UNHEALTHY_FRACTION = 0.40
@@ -24,6 +24,25 @@ NO_HEALTH_BUDGET = "no pool health: budget unknown"
 # the `offline` and `notready` terms of the Karpenter budget formula.
 OUT_OF_SERVICE_STATES: tuple[NodeStateName, ...] = ("offline", "draining")
 NOT_READY_STATES: tuple[NodeStateName, ...] = ("suspect", "down")
+
+# What takes a node out of service, whatever the task's template is called. Not
+# remove_capacity: it makes a child task per node (kind remove_node, budgeted), and the
+# parent counted too would hold the place its own children wait for.
+NODE_REMOVING_ACTIONS: frozenset[str] = frozenset({"drain_node", "offline_node"})
+NODE_REMOVING_KIND = "offline"
+
+
+def safety_kind(task: OpsTask, budget_kinds: tuple[str, ...]) -> str:
+    """The kind the pool's short-circuit and offline budget judge a task as: its own, unless
+    one of its steps takes a node out of service (drain, offline) and its kind does
+    not already spend the budget; then `offline`. The limits follow what the steps do, not
+    the label: a template called load_balance that drains a node is held and counted as an
+    offline task is."""
+    if task.kind in budget_kinds:
+        return task.kind
+    if any(step.action.action in NODE_REMOVING_ACTIONS for step in task.steps):
+        return NODE_REMOVING_KIND
+    return task.kind
 
 
 class Verdict(BaseModel):

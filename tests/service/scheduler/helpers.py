@@ -8,10 +8,15 @@ from uuid import UUID, uuid4
 from common.messaging import EventBus
 from schemas.envelope import Envelope
 from schemas.events.v1 import (
+    AddCapacity,
+    MigrateJobs,
     NodeStateName,
+    OnlineNode,
     OpsTask,
     OutputValue,
     PoolHealth,
+    Step,
+    StepAction,
     TaskEvent,
     TaskState,
     now_utc,
@@ -62,16 +67,29 @@ def _next_occurred_at() -> datetime:
     return _last_occurred_at
 
 
+def steps_of(kind: str | None, target: str, pool: str) -> list[Step] | None:
+    """What a task of `kind` does (None: the offline example's drain and offline): the
+    scheduler's pool limits judge a task by its steps."""
+    actions: dict[str, StepAction] = {
+        "online": OnlineNode(node_id=target), "migrate": MigrateJobs(pool=pool, node_id=target),
+        "scale_out": AddCapacity(pool=pool)}
+    action = actions.get(kind or "")
+    return None if action is None else [Step(index=0, name=kind or "step", action=action)]
+
+
 def task(target: str, kind: str | None = None, cluster: str = "local",
          pool: str = "default") -> OpsTask:
-    """An offline task for `target` (or, with `kind`, a child task of that action type),
-    made after every task made before it."""
+    """An offline task for `target` (or, with `kind`, a child task of that action type,
+    doing what that kind does), made after every task made before it."""
     task_id = uuid4()
     base = example("ops_task", OpsTask)
-    return base.model_copy(update={
+    update: dict[str, object] = {
         "event_id": uuid4(), "occurred_at": _next_occurred_at(), "cluster_id": cluster,
         "subject": str(task_id), "task_id": task_id, "need_id": uuid4(), "target": target,
-        "pool": pool, "mutex_keys": [f"node.{target}"], "action_type": kind})
+        "pool": pool, "mutex_keys": [f"node.{target}"], "action_type": kind}
+    if (steps := steps_of(kind, target, pool)) is not None:
+        update["steps"] = steps
+    return base.model_copy(update=update)
 
 
 def final_event(task_id: UUID, state: TaskState, cause: str | None = None,

@@ -407,3 +407,19 @@ async def test_pool_health_dated_ahead_of_the_clock_is_refused_and_shadows_nothi
     await s.on_pool_health(pool_health({"up": 10}, s.clock() + timedelta(seconds=10)))
     await s.dispatch()
     assert dispatched(s) == ["node-1"]
+
+
+async def test_a_task_labelled_otherwise_that_drains_a_node_spends_the_offline_budget(
+        redis: Redis, keys: Keys, clock: Clock) -> None:
+    s = scheduler(redis, keys, clock)
+    await s.on_pool_health(pool_health({"up": 10}, s.clock()))  # roundup(10%) = 1
+    # Both called migrate by their template; the first drains and offlines its node.
+    drains = task("node-1").model_copy(update={"action_type": "migrate"})
+    other = task("node-2")  # a true offline task
+    moves = task("node-3", kind="migrate")
+    for t in (drains, other, moves):
+        await s.on_task(t)
+    await s.dispatch()
+    # The budget of one node went to the task that drains, labelled as it may be; the
+    # migration that takes no node out spends none.
+    assert sorted(dispatched(s)) == ["node-1", "node-3"]

@@ -7,8 +7,9 @@ from uuid import uuid4
 
 import pytest
 
-from schemas.events.v1 import NodeStateName, PoolHealth
-from services.scheduler.safety import admits_offline, offline_budget, short_circuit
+from schemas.events.v1 import MigrateJobs, NodeStateName, OpsTask, PoolHealth, RemoveCapacity, Step
+from services.scheduler.safety import admits_offline, offline_budget, safety_kind, short_circuit
+from tests.contracts.examples import example
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -105,3 +106,19 @@ def test_a_target_that_is_already_down_does_not_spend_the_budget_again() -> None
     # ...but the down node itself may be taken offline: it is out of service already.
     assert admits_offline(three, 0, target_not_ready=True).allowed
     assert not admits_offline(three, 1, target_not_ready=True).allowed
+
+
+def test_the_limits_judge_a_task_by_what_its_steps_do_not_by_its_label() -> None:
+    offline = example("ops_task", OpsTask)  # drain + offline steps
+    budget = ("offline", "remove_node")
+    assert safety_kind(offline, budget) == "offline"
+    # Labelled load_balance, yet it drains a node: held and counted as an offline task.
+    mislabelled = offline.model_copy(update={"need_kind": "load_balance"})
+    assert safety_kind(mislabelled, budget) == "offline"
+    moves_jobs = mislabelled.model_copy(update={"steps": [
+        Step(index=0, name="move", action=MigrateJobs(pool="default", node_id="node-002"))]})
+    assert safety_kind(moves_jobs, budget) == "load_balance"
+    # A scale-in's nodes are counted by its children (remove_node), not by the parent.
+    removes = moves_jobs.model_copy(update={"need_kind": "scale_in", "steps": [
+        Step(index=0, name="remove", action=RemoveCapacity(pool="default"))]})
+    assert safety_kind(removes, budget) == "scale_in"
