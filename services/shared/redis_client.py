@@ -4,17 +4,46 @@ from __future__ import annotations
 
 from typing import cast
 
+from redis._parsers import _AsyncRESP3Parser
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.typing import ZSetRangeResponse
 
+from common.errors import REDIS_REFUSAL_CODES, RedisRefused
+from common.settings import DEFAULT_REDIS_CONNECT_TIMEOUT_S, DEFAULT_REDIS_READ_TIMEOUT_S
 
-def connect_redis(url: str) -> Redis:
-    """A client whose calls fail within 5 s, so a dead Redis fails closed instead of hanging."""
+
+class _RefusalParser(_AsyncRESP3Parser):
+    """Replies of a Redis that refuses for its own state raise `RedisRefused`, an
+    infrastructure error (common/errors.py), instead of a plain reply error that would read
+    as a bad message."""
+
+    EXCEPTION_CLASSES = {**_AsyncRESP3Parser.EXCEPTION_CLASSES,
+                         **dict.fromkeys(REDIS_REFUSAL_CODES, RedisRefused)}
+
+
+def connect_redis(url: str, connect_timeout_s: float = DEFAULT_REDIS_CONNECT_TIMEOUT_S,
+                  read_timeout_s: float = DEFAULT_REDIS_READ_TIMEOUT_S) -> Redis:
+    """A client whose every call fails within its connect and read timeouts (at most 5 s in
+    all: ServiceSettings holds them to REDIS_CALL_BOUND_S), so a dead or stalled Redis fails
+    closed instead of hanging.
+
+    Nothing is resent: the client would by default retry a call that timed out or lost its
+    connection, and a write whose reply was lost may well have been applied (an INCR of a
+    command sequence, a token taken from a bucket, a script that moved a task), so resending
+    it could apply it twice, and each retry would stretch the bound. A failed call fails the
+    handler, the message waits and is delivered again, and the handlers are idempotent.
+    No periodic health check either: its PING before a command would add a second wait to
+    the bound; a connection Redis dropped fails its next call, which waits the same way.
+    """
     return Redis.from_url(
         url,
-        socket_timeout=5.0,
-        socket_connect_timeout=5.0,
-        health_check_interval=15,
+        socket_timeout=read_timeout_s,
+        socket_connect_timeout=connect_timeout_s,
+        retry=Retry(NoBackoff(), 0),
+        retry_on_timeout=False,
+        parser_class=_RefusalParser,
         decode_responses=False,
     )
 
@@ -111,6 +140,11 @@ class Keys:
     def probe_due(self, cluster: str) -> str:
         """ZSET node -> when the centre next probes it (epoch seconds)."""
         return f"{self.prefix}probe-due:{cluster}"
+
+    def backend_clusters(self) -> str:
+        """SET of the clusters whose `cluster_backend` is not local (kept with it), so the
+        executor opens their backends before their first step needs one."""
+        return f"{self.prefix}backend-clusters"
 
     def probes_pending(self) -> str:
         """ZSET probe command id -> its deadline; HASH beside it: command id -> cluster/node."""
