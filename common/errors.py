@@ -6,6 +6,15 @@ import asyncio
 
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
 from pydantic import ValidationError
+from redis.exceptions import (
+    BusyLoadingError,
+    ClusterDownError,
+    NoPermissionError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -27,7 +36,34 @@ class InfrastructureUnavailable(Exception):
     """Redis or Kafka cannot be reached: never dead-letter, never ack; fail closed and wait."""
 
 
+class RedisRefused(ResponseError):
+    """Redis answered but refused for a reason of its own state, not of the command: MISCONF
+    (its snapshots are failing), BUSY (a script runs too long), NOREPLICAS (too few replicas
+    acknowledge writes). The client raises these as a plain reply error, so the connections
+    of services/shared/redis_client.py map their codes to this class."""
+
+
+# Reply codes of a Redis that refuses because of its own state; the client raises a class of
+# its own for the others (READONLY, OOM, NOPERM, LOADING, CLUSTERDOWN, MASTERDOWN, TRYAGAIN).
+REDIS_REFUSAL_CODES = ("MISCONF", "BUSY", "NOREPLICAS")
+
+# A Redis that answers but refuses is an outage like one that does not answer: a replica left
+# behind by a failover (READONLY), memory full (OOM), failing snapshots (MISCONF), a user
+# without the permission (NOPERM, a deployment error), a dataset still loading (LOADING) or a
+# script holding the server (BUSY). None of them says anything about the message being handled,
+# so none may dead-letter it or commit it: the message waits until Redis accepts it again.
+REDIS_REFUSALS: tuple[type[BaseException], ...] = (
+    ReadOnlyError,
+    OutOfMemoryError,
+    NoPermissionError,
+    BusyLoadingError,
+    ClusterDownError,
+    TryAgainError,
+    RedisRefused,
+)
+
 INFRASTRUCTURE_ERRORS: tuple[type[BaseException], ...] = (
+    *REDIS_REFUSALS,
     RedisConnectionError,
     RedisTimeoutError,
     KafkaConnectionError,

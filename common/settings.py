@@ -1,9 +1,17 @@
 """Settings every service shares; each service subclasses with its own env prefix."""
 
-from pydantic import AliasChoices, Field
+from typing import Self
+
+from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.envelope import CLUSTER_ID_PATTERN
+
+# The bound of one Redis call (connect, then the reply): a stalled Redis fails a handler within
+# it, and the message waits, instead of hanging its partition (services/shared/redis_client.py).
+REDIS_CALL_BOUND_S = 5.0
+DEFAULT_REDIS_CONNECT_TIMEOUT_S = 2.0
+DEFAULT_REDIS_READ_TIMEOUT_S = 3.0
 
 
 class ServiceSettings(BaseSettings):
@@ -18,6 +26,19 @@ class ServiceSettings(BaseSettings):
     redis_url: str = Field(
         default="redis://127.0.0.1:16379/0",
         validation_alias=AliasChoices("REDIS_URL", "redis_url"),
+    )
+    redis_connect_timeout_s: float = Field(
+        default=DEFAULT_REDIS_CONNECT_TIMEOUT_S,
+        gt=0,
+        validation_alias=AliasChoices("WARDEN_REDIS_CONNECT_TIMEOUT_S", "redis_connect_timeout_s"),
+        description="How long a Redis call waits for a connection.",
+    )
+    redis_read_timeout_s: float = Field(
+        default=DEFAULT_REDIS_READ_TIMEOUT_S,
+        gt=0,
+        validation_alias=AliasChoices("WARDEN_REDIS_READ_TIMEOUT_S", "redis_read_timeout_s"),
+        description="How long a Redis call waits for its reply; with the connect timeout at "
+                    "most 5 s.",
     )
     namespace: str = Field(
         default="",
@@ -63,3 +84,10 @@ class ServiceSettings(BaseSettings):
         validation_alias=AliasChoices("WARDEN_HEALTH_CHECK_TIMEOUT_S", "health_check_timeout_s"),
         description="How long /readyz waits for each dependency (they are asked at once).",
     )
+
+    @model_validator(mode="after")
+    def _redis_calls_bounded(self) -> Self:
+        if self.redis_connect_timeout_s + self.redis_read_timeout_s > REDIS_CALL_BOUND_S:
+            raise ValueError(f"redis_connect_timeout_s + redis_read_timeout_s must be at most "
+                             f"{REDIS_CALL_BOUND_S:g} s")
+        return self

@@ -16,17 +16,21 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from uuid import uuid4
 
 import pytest
+from redis import Redis as SyncRedis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from services.backends.kubernetes.connection import KubeAccess, connect
 from tests.kube import KubeScope
+from tests.ports import free_port
+from tests.waiting import wait_until
 
 
 def required(variable: str, what: str) -> str:
@@ -45,6 +49,39 @@ def kafka_bootstrap() -> str:
 @pytest.fixture(scope="session")
 def redis_url() -> str:
     return required("REDIS_URL", "redis-server")
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A redis-server of this test's own, which the test may stop: its URL and process."""
+    port = free_port()
+    data = tmp_path / "private-redis"  # a folder of its own, which a test may take away
+    data.mkdir()
+    server = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(data)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+
+    def answers() -> bool:
+        client = SyncRedis.from_url(url, socket_connect_timeout=1.0)
+        try:
+            return bool(client.ping())
+        except RedisConnectionError:
+            return False
+        finally:
+            client.close()
+
+    try:
+        wait_until(answers, f"the private redis-server on port {port} answering")
+        yield url, server
+    finally:
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:  # e.g. a server that cannot save refuses to stop
+            server.kill()
+            server.wait(10)
 
 
 @pytest.fixture(scope="session")

@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 
 KINDS = ("unit", "service", "integration", "browser")
-SERVERS = {"kafka_bootstrap": "kafka", "redis_url": "redis", "alertmanager_url": "alertmanager",
-           "kube_api": "kubernetes"}
+SERVERS = {"kafka_bootstrap": "kafka", "redis_url": "redis", "private_redis": "redis",
+           "alertmanager_url": "alertmanager", "kube_api": "kubernetes"}
 
 # Skips a reviewer has accepted: the start of the skip's reason -> why it is acceptable.
 # A complete run fails on any skip (or xfail) whose reason starts with none of these.

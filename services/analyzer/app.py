@@ -23,7 +23,8 @@ def create_app(settings: AnalyzerSettings | None = None) -> FastStream:
     settings = settings or AnalyzerSettings()
     telemetry = setup_telemetry("analyzer")
     broker, _ = make_broker(settings, "analyzer", telemetry)
-    redis = connect_redis(settings.redis_url)
+    redis = connect_redis(settings.redis_url, settings.redis_connect_timeout_s,
+                          settings.redis_read_timeout_s)
     keys = Keys(settings.namespace)
     pools = PoolStore(redis, keys, settings.storage_weight)
     bus = EventBus(broker, settings.namespace)

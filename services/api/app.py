@@ -66,7 +66,8 @@ async def _runtime(settings: ApiSettings, tokens: TokenTable, telemetry: Telemet
     url = database_url(settings)
     await migrate(url)
     store = open_store(url)
-    redis = connect_redis(settings.redis_url)
+    redis = connect_redis(settings.redis_url, settings.redis_connect_timeout_s,
+                          settings.redis_read_timeout_s)
     keys = Keys(settings.namespace)
     publisher = Publisher(settings, telemetry, settings.publish_timeout_s)
 

@@ -21,7 +21,8 @@ def create_app(settings: CollectorSettings | None = None) -> FastStream:
     settings = settings or CollectorSettings()
     telemetry = setup_telemetry("collector")
     broker, dead_letters = make_broker(settings, "collector", telemetry)
-    redis = connect_redis(settings.redis_url)
+    redis = connect_redis(settings.redis_url, settings.redis_connect_timeout_s,
+                          settings.redis_read_timeout_s)
     tracer = telemetry.tracer("clusterwarden.collector")
     bulk = BulkPublisher(settings.kafka_bootstrap_servers, settings.namespace,
                          "warden-collector-bulk", tracer)

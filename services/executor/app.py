@@ -25,7 +25,8 @@ def create_app(settings: ExecutorSettings | None = None) -> FastStream:
     settings = settings or ExecutorSettings()
     telemetry = setup_telemetry("executor")
     broker, _ = make_broker(settings, "executor", telemetry)
-    redis = connect_redis(settings.redis_url)
+    redis = connect_redis(settings.redis_url, settings.redis_connect_timeout_s,
+                          settings.redis_read_timeout_s)
     keys = Keys(settings.namespace)
     signer = local_signer(settings.signing_key, settings.state_dir, "executor")
     # Each cluster's registered backend (services/shared/registry.py): Kubernetes clusters'

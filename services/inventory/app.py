@@ -25,7 +25,8 @@ def create_app(settings: InventorySettings | None = None) -> FastStream:
     settings = settings or InventorySettings()
     telemetry = setup_telemetry("inventory")
     broker, _ = make_broker(settings, "inventory", telemetry)
-    redis = connect_redis(settings.redis_url)
+    redis = connect_redis(settings.redis_url, settings.redis_connect_timeout_s,
+                          settings.redis_read_timeout_s)
     keys = Keys(settings.namespace)
     backends = OpenedBackends(redis, keys)
     reporter = DemandReporter(redis, keys, backends, period_s=settings.period_s,

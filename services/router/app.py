@@ -27,7 +27,8 @@ def create_app(settings: RouterSettings | None = None) -> FastStream:
     settings = settings or RouterSettings()
     telemetry = setup_telemetry("router")
     broker, dead_letters = make_broker(settings, "router", telemetry)
-    redis = connect_redis(settings.redis_url)
+    redis = connect_redis(settings.redis_url, settings.redis_connect_timeout_s,
+                          settings.redis_read_timeout_s)
     keys = Keys(settings.namespace)
     router = Router(
         settings, redis, keys, EventBus(broker, settings.namespace),

@@ -61,7 +61,13 @@ from services.router.policy.selector import (
 )
 from services.router.policy.stats import Outcome, record_keys
 from services.router.policy.updates import record
-from services.router.records import AttemptRecord, AttemptResult, Outbound, TaskRecord
+from services.router.records import (
+    AttemptRecord,
+    AttemptResult,
+    Outbound,
+    TaskRecord,
+    record_ttl_s,
+)
 from services.router.registry import (
     Registry,
     bounded,
@@ -258,7 +264,8 @@ class Router:
 
     def _save(self, pipe: Pipeline, record: TaskRecord) -> None:
         pipe.set(self.keys.ml_task(str(record.task.task_id)), record.model_dump_json(),
-                 ex=self.settings.record_ttl_s)
+                 ex=record_ttl_s(record, self.clock(), self.settings.finished_record_ttl_s,
+                                 self.settings.record_ttl_s))
 
     async def _due(self, task_id: UUID, when: float) -> None:
         await self.redis.zadd(self.keys.ml_due(), {str(task_id): when})

@@ -91,3 +91,20 @@ class TaskRecord(BaseModel):
 
     def attempt_of(self, command_id: UUID) -> AttemptRecord | None:
         return next((a for a in self.attempts if a.command_id == command_id), None)
+
+
+def record_ttl_s(record: TaskRecord, now: float, finished_ttl_s: int, longest_s: int) -> int:
+    """How long a task's record is kept from a save at `now` (epoch seconds).
+
+    Unfinished, up to `longest_s`: the router ends every task by its deadline, and the sweep
+    looks at every one long before that. Finished, the record is only what recognises a
+    redelivered submission (and what `warden ml` shows): it is kept `finished_ttl_s` past the
+    later of now and the task's deadline, so a submission delivered again after it is gone
+    finds its deadline passed and fails at once instead of running twice. Records are the
+    router's largest family by far, written at the routing rate: kept a day each, they would
+    hold a day of tasks.
+    """
+    if not record.final:
+        return longest_s
+    until_deadline = max(0.0, record.task.deadline.timestamp() - now)
+    return min(longest_s, int(until_deadline) + finished_ttl_s)

@@ -83,7 +83,11 @@ class RouterSettings(ServiceSettings):
                     "Empty: every family in one group.",
     )
     record_ttl_s: int = Field(default=86_400, ge=60, le=30 * 86_400,
-                              description="How long a finished task's record stays in Redis.")
+                              description="The longest a task's record stays in Redis.")
+    finished_record_ttl_s: int = Field(
+        default=3_600, ge=60, le=30 * 86_400,
+        description="How long a finished task's record stays in Redis past its deadline "
+                    "(at most record_ttl_s).")
     stats_ttl_s: int = Field(default=7 * 86_400, ge=60, le=365 * 86_400,
                              description="Statistics untouched this long are dropped.")
     policy: SelectorConfig = Field(

@@ -24,7 +24,8 @@ def create_app(settings: SchedulerSettings | None = None) -> FastStream:
     settings = settings or SchedulerSettings()
     telemetry = setup_telemetry("scheduler")
     broker, _ = make_broker(settings, "scheduler", telemetry)
-    redis = connect_redis(settings.redis_url)
+    redis = connect_redis(settings.redis_url, settings.redis_connect_timeout_s,
+                          settings.redis_read_timeout_s)
     keys = Keys(settings.namespace)
     scheduler = Scheduler(settings, TaskQueue(redis, keys), EventBus(broker, settings.namespace),
                           BreakerStore(redis, keys, settings.breaker_config),

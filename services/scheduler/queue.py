@@ -14,8 +14,17 @@ from schemas.events.v1 import OpsTask
 from services.shared.redis_client import Keys
 from services.shared.vouchers import Dispatches
 
+# A task is known for KNOWN_FOR_MS after it was first queued, by Redis's own clock (the
+# task's occurred_at is the sender's, and a forged one far ahead would trim every entry): a
+# redelivered task arrives within hours, not weeks, and without the trim the ids of every
+# task ever queued would pile up.
+KNOWN_FOR_MS = 7 * 86_400_000
 ENQUEUE = """
-if redis.call('SADD', KEYS[1], ARGV[1]) == 0 then return 0 end
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
+local time = redis.call('TIME')
+local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms - tonumber(ARGV[6]))
+redis.call('ZADD', KEYS[1], now_ms, ARGV[1])
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
 redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
 redis.call('HSET', KEYS[5], ARGV[1], ARGV[4])
@@ -87,7 +96,7 @@ class TaskQueue:
             keys=[self.keys.queue_known(), self.keys.queue_ready(), self.keys.queue_items(),
                   self.keys.queue_scores(), self._mutex_hash(), self._ttl_hash()],
             args=[str(task.task_id), score, task.model_dump_json(), " ".join(task.mutex_keys),
-                  int(lock_ttl_s * 1000)],
+                  int(lock_ttl_s * 1000), KNOWN_FOR_MS],
         )
         return bool(new)
 

@@ -2,19 +2,49 @@
 
 from __future__ import annotations
 
-from typing import cast
+from dataclasses import dataclass
+from typing import Literal, cast
 
+from redis._parsers import _AsyncRESP3Parser
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.typing import ZSetRangeResponse
 
+from common.errors import REDIS_REFUSAL_CODES, RedisRefused
+from common.settings import DEFAULT_REDIS_CONNECT_TIMEOUT_S, DEFAULT_REDIS_READ_TIMEOUT_S
 
-def connect_redis(url: str) -> Redis:
-    """A client whose calls fail within 5 s, so a dead Redis fails closed instead of hanging."""
+
+class _RefusalParser(_AsyncRESP3Parser):
+    """Replies of a Redis that refuses for its own state raise `RedisRefused`, an
+    infrastructure error (common/errors.py), instead of a plain reply error that would read
+    as a bad message."""
+
+    EXCEPTION_CLASSES = {**_AsyncRESP3Parser.EXCEPTION_CLASSES,
+                         **dict.fromkeys(REDIS_REFUSAL_CODES, RedisRefused)}
+
+
+def connect_redis(url: str, connect_timeout_s: float = DEFAULT_REDIS_CONNECT_TIMEOUT_S,
+                  read_timeout_s: float = DEFAULT_REDIS_READ_TIMEOUT_S) -> Redis:
+    """A client whose every call fails within its connect and read timeouts (at most 5 s in
+    all: ServiceSettings holds them to REDIS_CALL_BOUND_S), so a dead or stalled Redis fails
+    closed instead of hanging.
+
+    Nothing is resent: the client would by default retry a call that timed out or lost its
+    connection, and a write whose reply was lost may well have been applied (an INCR of a
+    command sequence, a token taken from a bucket, a script that moved a task), so resending
+    it could apply it twice, and each retry would stretch the bound. A failed call fails the
+    handler, the message waits and is delivered again, and the handlers are idempotent.
+    No periodic health check either: its PING before a command would add a second wait to
+    the bound; a connection Redis dropped fails its next call, which waits the same way.
+    """
     return Redis.from_url(
         url,
-        socket_timeout=5.0,
-        socket_connect_timeout=5.0,
-        health_check_interval=15,
+        socket_timeout=read_timeout_s,
+        socket_connect_timeout=connect_timeout_s,
+        retry=Retry(NoBackoff(), 0),
+        retry_on_timeout=False,
+        parser_class=_RefusalParser,
         decode_responses=False,
     )
 
@@ -38,9 +68,6 @@ class Keys:
 
     def __init__(self, namespace: str) -> None:
         self.prefix = f"cw:{namespace}:" if namespace else "cw:"
-
-    def dedupe(self, consumer: str, event_id: str) -> str:
-        return f"{self.prefix}dedupe:{consumer}:{event_id}"
 
     def node(self, cluster: str, node: str) -> str:
         return f"{self.node_prefix()}{cluster}:{node}"
@@ -160,8 +187,11 @@ class Keys:
         return f"{self.prefix}queue:scores"
 
     def queue_known(self) -> str:
-        """SET of every task id ever enqueued, so a redelivered task is not queued twice."""
-        return f"{self.prefix}queue:known"
+        """ZSET task id -> when it was first enqueued (ms, Redis's clock), so a redelivered
+        task is not queued twice; entries older than a week are trimmed at each enqueue
+        (services/scheduler/queue.py). Named apart from the SET it replaces, which a running
+        deployment may still hold (delete `queue:known` once upgraded)."""
+        return f"{self.prefix}queue:known-at"
 
     def lock(self, mutex_key: str) -> str:
         return f"{self.prefix}lock:{mutex_key}"
@@ -320,3 +350,98 @@ class Keys:
     def ml_retrying(self, cluster: str, task_type: str) -> str:
         """ZSET '<task>:<attempt>' -> attempt deadline: retries in flight (retry budget)."""
         return f"{self.prefix}ml:retrying:{cluster}:{task_type}"
+
+
+BoundKind = Literal["ttl", "trimmed", "per_entity", "until_done", "prefix", "kept"]
+
+
+@dataclass(frozen=True)
+class KeyBound:
+    """Why a key family of `Keys` cannot grow without bound.
+
+    ttl: every key expires; trimmed: a list, stream or sorted set cut to a length or an age
+    as it is written; per_entity: one key (or entry) per node, pool, cluster, breaker or
+    window, so it grows with the fleet, not with traffic; until_done: entries removed when
+    the task, probe or step they track ends (and the task's own keys expire); prefix: not a
+    key; kept: grows, on purpose, at a rate no traffic sets (said why).
+    """
+
+    kind: BoundKind
+    why: str
+
+
+# Every family of `Keys`, with its bound: a new method without one fails
+# tests/unit/test_key_bounds.py, so a family that grows with traffic cannot slip in unbounded.
+KEY_BOUNDS: dict[str, KeyBound] = {
+    "node": KeyBound("per_entity", "one hash per node"),
+    "node_prefix": KeyBound("prefix", "the prefix of `node`"),
+    "heartbeat_due": KeyBound("per_entity", "one member per node"),
+    "pool": KeyBound("per_entity", "one hash per pool"),
+    "pools": KeyBound("per_entity", "one member per pool"),
+    "registry": KeyBound("per_entity", "one member per enrolled node"),
+    "cluster_backend": KeyBound("per_entity", "one per cluster"),
+    "breaker_holds": KeyBound("per_entity", "one member per breaker not closed"),
+    "history": KeyBound("trimmed", "LTRIM to the collector's history length"),
+    "pool_history": KeyBound("trimmed", "LTRIM to the analyzer's history length"),
+    "capacity_plan": KeyBound("ttl", "EX the planner's cache TTL"),
+    "demand": KeyBound("ttl", "EX one day"),
+    "demand_sources": KeyBound("ttl", "EXPIRE ten source periods"),
+    "tuning": KeyBound("per_entity", "one hash per pool, one field per node type"),
+    "tuning_pools": KeyBound("per_entity", "one member per pool"),
+    "condition": KeyBound("ttl", "EX the need's condition TTL"),
+    "probe_due": KeyBound("per_entity", "one member per node"),
+    "probes_pending": KeyBound("until_done", "removed when the probe answers or expires"),
+    "clusters": KeyBound("per_entity", "one member per cluster"),
+    "peer_addresses": KeyBound("per_entity", "one field per node"),
+    "peer_verdicts": KeyBound("ttl", "EXPIRE when no prober reports on the target"),
+    "peer_assigned": KeyBound("per_entity", "one field per node"),
+    "agent_dead": KeyBound("ttl", "SET NX EX"),
+    "open_need": KeyBound("ttl", "SET NX EX the open-need TTL"),
+    "queue_ready": KeyBound("until_done", "removed when the task is claimed"),
+    "queue_inflight": KeyBound("until_done", "removed at ack, requeued when its lease ends"),
+    "queue_items": KeyBound("until_done", "removed at ack"),
+    "queue_scores": KeyBound("until_done", "removed at ack"),
+    "queue_known": KeyBound("trimmed", "entries older than a week trimmed at each enqueue"),
+    "lock": KeyBound("ttl", "SET PX the task's lock TTL"),
+    "semaphore": KeyBound("trimmed", "places past their lapse removed at each take"),
+    "open_tasks": KeyBound("until_done", "removed when the task ends"),
+    "open_tasks_version": KeyBound("per_entity", "one counter per cluster"),
+    "relation_notice": KeyBound("ttl", "EX a week"),
+    "task_outcome": KeyBound("ttl", "EX a week"),
+    "epoch": KeyBound("per_entity", "one counter"),
+    "dispatch": KeyBound("ttl", "SET PX as long as the task's locks"),
+    "control_voucher": KeyBound("ttl", "PX a day"),
+    "workflow": KeyBound("ttl", "EXPIRE a week once finished"),
+    "command_index": KeyBound("ttl", "EX a day"),
+    "command_seq": KeyBound("per_entity", "one counter per node"),
+    "workflow_deadlines": KeyBound("until_done", "removed when the step ends"),
+    "sweep_lock": KeyBound("ttl", "SET NX PX the sweep period"),
+    "alert_raised": KeyBound("ttl", "SET NX PX the alert window"),
+    "pool_nodes": KeyBound("per_entity", "one member per up node"),
+    "pool_movable": KeyBound("per_entity", "one member per up node"),
+    "capacity_nodes": KeyBound("per_entity", "one field per node the provider added, "
+                               "removed when it is taken away"),
+    "capacity_request": KeyBound("ttl", "EX the capacity result TTL"),
+    "children": KeyBound("ttl", "EXPIRE with the parent's workflow"),
+    "child_outcomes": KeyBound("ttl", "EXPIRE with the parent's workflow"),
+    "workflow_retries": KeyBound("until_done", "removed when the step is retried or ends"),
+    "workflow_controls": KeyBound("ttl", "EXPIRE with the workflow"),
+    "rate_bucket": KeyBound("ttl", "PEXPIRE once it would have refilled"),
+    "maintenance": KeyBound("per_entity", "one field per node and one per cluster"),
+    "maintenance_notice": KeyBound("ttl", "EX a week"),
+    "audit_log": KeyBound("kept", "the hash-chained record of operator actions: grows at the "
+                          "operators' rate (refused authentications are counted per window, "
+                          "not audited one by one); trimming it would break the chain"),
+    "api_refusals": KeyBound("ttl", "EXPIRE with the window after next"),
+    "api_refusal_sources": KeyBound("ttl", "EXPIRE with the window after next"),
+    "ml_registry": KeyBound("per_entity", "one field per node"),
+    "ml_registry_seq": KeyBound("per_entity", "one field per node"),
+    "ml_stats": KeyBound("ttl", "EXPIRE the router's stats TTL"),
+    "ml_stats_prefix": KeyBound("prefix", "the prefix of `ml_stats`"),
+    "ml_task": KeyBound("ttl", "EX record_ttl_s; finished: finished_record_ttl_s past the "
+                        "deadline (services/router/records.py)"),
+    "ml_due": KeyBound("until_done", "removed when the task is final"),
+    "ml_active": KeyBound("until_done", "removed when final; past the deadline trimmed"),
+    "ml_waiting": KeyBound("until_done", "removed when the task is final"),
+    "ml_retrying": KeyBound("trimmed", "attempts past their deadline trimmed"),
+}

@@ -30,7 +30,8 @@ def create_app(settings: TunerSettings | None = None) -> FastStream:
     telemetry = setup_telemetry("tuner")
     broker, _ = make_broker(settings, "tuner", telemetry)
     bus = EventBus(broker, settings.namespace)
-    redis = connect_redis(settings.redis_url)
+    redis = connect_redis(settings.redis_url, settings.redis_connect_timeout_s,
+                          settings.redis_read_timeout_s)
     store = open_store(settings.database_url)
 
     async def notify(event: TemplateChanged) -> None:

@@ -341,3 +341,17 @@ async def test_no_task_goes_to_a_node_an_open_breaker_stops(harness: Harness) ->
         [command] = h.commands(task.task_id)
         await h.answer(command)
     assert nodes - {"node-003"}, nodes
+
+
+async def test_a_task_record_is_kept_a_bounded_time_and_a_finished_one_much_less(
+        make_harness: Any) -> None:
+    h: Harness = make_harness(record_ttl_s=7_200, finished_record_ttl_s=600)
+    await h.fleet()
+    task = await h.submit(deadline_s=10.0)
+    record = h.keys.ml_task(str(task.task_id))
+    assert 7_100 < await h.redis.ttl(record) <= 7_200  # unfinished: the cap
+    [command] = h.commands(task.task_id)
+    await h.answer(command)
+    assert h.outcomes(task.task_id)[-1].final
+    # Finished: kept a while past its deadline (10 s away), not for the cap.
+    assert 600 < await h.redis.ttl(record) <= 610

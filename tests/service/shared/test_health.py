@@ -10,15 +10,12 @@ import asyncio
 import contextlib
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from faststream.kafka import KafkaBroker
-from redis import Redis as SyncRedis
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from common.messaging import delete_topics, subscribe
 from common.settings import ServiceSettings
@@ -28,7 +25,7 @@ from services.shared.runtime import build_app
 from services.store.app import create_app as create_store
 from services.store.settings import StoreSettings
 from tests.ports import free_port
-from tests.waiting import eventually, wait_until
+from tests.waiting import eventually
 from warden import launcher
 
 # Start-up creates every topic of a fresh namespace first: seconds, on a loaded machine more.
@@ -52,33 +49,6 @@ async def body_if(port: int, path: str, status: int) -> dict[str, Any] | None:
     """The body at `path` if it came with `status` (for waiting until it does)."""
     answer = await health_of(port, path)
     return answer[1] if answer and answer[0] == status else None
-
-
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """A redis-server of this test's own, which the test may stop: its URL and process."""
-    port = free_port()
-    server = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-
-    def answers() -> bool:
-        client = SyncRedis.from_url(url, socket_connect_timeout=1.0)
-        try:
-            return bool(client.ping())
-        except RedisConnectionError:
-            return False
-        finally:
-            client.close()
-
-    try:
-        wait_until(answers, f"the private redis-server on port {port} answering")
-        yield url, server
-    finally:
-        server.terminate()
-        server.wait(10)
 
 
 async def test_the_scheduler_is_unready_naming_redis_once_redis_is_gone_and_stays_alive(

@@ -1,0 +1,27 @@
+"""Every Redis key family of `Keys` has a documented bound (a TTL, a trim, one per node or
+pool, removed when done), so none grows with traffic unnoticed (services/shared/redis_client.py
+KEY_BOUNDS; the bounds on the real redis-server: tests/service/router/test_router.py and
+tests/service/scheduler/test_queue_known.py)."""
+
+from __future__ import annotations
+
+import inspect
+
+from services.shared.redis_client import KEY_BOUNDS, Keys
+
+
+def families() -> set[str]:
+    return {name for name, member in inspect.getmembers(Keys, inspect.isfunction)
+            if not name.startswith("_")}
+
+
+def test_every_key_family_has_a_documented_bound() -> None:
+    assert families() - KEY_BOUNDS.keys() == set(), "add the new family's bound to KEY_BOUNDS"
+
+
+def test_no_bound_is_left_for_a_family_that_is_gone() -> None:
+    assert KEY_BOUNDS.keys() - families() == set()
+
+
+def test_every_bound_says_what_it_is() -> None:
+    assert all(bound.why.strip() for bound in KEY_BOUNDS.values())
