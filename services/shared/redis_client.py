@@ -380,6 +380,7 @@ KEY_BOUNDS: dict[str, KeyBound] = {
     "pools": KeyBound("per_entity", "one member per pool"),
     "registry": KeyBound("per_entity", "one member per enrolled node"),
     "cluster_backend": KeyBound("per_entity", "one per cluster"),
+    "backend_clusters": KeyBound("per_entity", "one member per cluster with a backend"),
     "breaker_holds": KeyBound("per_entity", "one member per breaker not closed"),
     "history": KeyBound("trimmed", "LTRIM to the collector's history length"),
     "pool_history": KeyBound("trimmed", "LTRIM to the analyzer's history length"),
