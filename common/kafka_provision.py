@@ -25,9 +25,10 @@ from schemas.access import AclRule, Operation, Pattern, ResourceKind, acl_rules
 
 # The wire codes of the broker's ACL enums (Kafka's AclOperation, ResourceType,
 # PatternType and AclPermissionType).
-_RESOURCE_CODES = {ResourceKind.TOPIC: 2, ResourceKind.GROUP: 3}
+_RESOURCE_CODES = {ResourceKind.TOPIC: 2, ResourceKind.GROUP: 3, ResourceKind.CLUSTER: 4}
 _PATTERN_CODES = {Pattern.LITERAL: 3, Pattern.PREFIXED: 4}
-_OPERATION_CODES = {Operation.READ: 3, Operation.WRITE: 4, Operation.DESCRIBE: 8}
+_OPERATION_CODES = {Operation.READ: 3, Operation.WRITE: 4, Operation.DESCRIBE: 8,
+                    Operation.IDEMPOTENT_WRITE: 12}
 _ALLOW = 3
 _ANY_HOST = "*"
 

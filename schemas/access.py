@@ -92,11 +92,17 @@ class Operation(StrEnum):
     WRITE = "Write"
     READ = "Read"
     DESCRIBE = "Describe"
+    IDEMPOTENT_WRITE = "IdempotentWrite"
 
 
 class ResourceKind(StrEnum):
     TOPIC = "Topic"
     GROUP = "Group"
+    CLUSTER = "Cluster"
+
+
+# The one name of the cluster resource in Kafka's ACLs.
+CLUSTER_RESOURCE = "kafka-cluster"
 
 
 class Pattern(StrEnum):
@@ -142,6 +148,11 @@ def acl_rules(namespace: str = "") -> list[AclRule]:
         if grant.reads:
             rules.add(AclRule(principal, ResourceKind.GROUP, Pattern.PREFIXED,
                               group_prefix(principal, namespace), Operation.READ))
+        elif not grant.writes and principal is not Principal.ADMIN:
+            # Every service's producer is idempotent, and taking a producer id needs the
+            # right to write somewhere; a principal that writes nothing gets only that.
+            rules.add(AclRule(principal, ResourceKind.CLUSTER, Pattern.LITERAL,
+                              CLUSTER_RESOURCE, Operation.IDEMPOTENT_WRITE))
     return sorted(rules)
 
 

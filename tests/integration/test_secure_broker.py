@@ -28,7 +28,13 @@ from schemas.access import Principal
 from schemas.events.v1 import SampleBatch
 from schemas.topics import Topic, topic_name
 from services.shared.registry import register
-from tests.integration.harness import Tap
+from tests.integration.harness import (
+    SMALL_POOL_SAFETY,
+    Tap,
+    is_success_of,
+    is_up,
+    task_events_for,
+)
 from tests.ports import free_port
 from warden import launcher
 
@@ -92,13 +98,70 @@ async def producer_as(broker: SecureBroker, principal: Principal) -> AsyncIterat
         await prod.stop()
 
 
+def start_as_themselves(broker: SecureBroker, env: dict[str, str], state: Path,
+                        names: tuple[str, ...]) -> list[launcher.ServiceProcess]:
+    """Start each service as a process connected as its own principal."""
+    return [svc for name in names
+            for svc in launcher.start_services(
+                state, {**env, **broker.settings_of(Principal(name))}, (name,))]
+
+
+def print_logs(running: list[launcher.ServiceProcess]) -> None:
+    for svc in running:
+        text = svc.log_path.read_text(errors="replace")
+        print(f"----- {svc.name} log (last 40 lines) -----")
+        print("\n".join(text.splitlines()[-40:]))
+
+
+async def test_the_slice_runs_with_every_service_as_its_own_principal(
+    provisioned: SecureBroker, redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    # The thin slice (tests/integration/test_slice.py) on the secured broker: a GPU fault
+    # becomes an offline need, a task, signed commands and a drained, offline node, with each
+    # service and the agents allowed only what the table gives them.
+    env = {"REDIS_URL": redis_url, "WARDEN_NAMESPACE": namespace, "WARDEN_CLUSTER_ID": "itest",
+           "WARDEN_STATE_DIR": str(tmp_path), **SMALL_POOL_SAFETY}
+    trusted = ensure_signer_keys(tmp_path / "keys")
+    running = start_as_themselves(provisioned, env, tmp_path, launcher.SERVICES)
+    agents = fleet.fleet_up(3, 2, "itest", namespace, tmp_path,
+                            {**env, **provisioned.settings_of(Principal.AGENT)}, trusted, 1.0)
+    await register(redis_url, namespace, "itest", [a.node_id for a in agents])
+    # The test watches as the admin: it sees every topic and joins no group.
+    consumer = AIOKafkaConsumer(topic_name(Topic.OPS_TASK_EVENTS, namespace),
+                                topic_name(Topic.OPS_NODE_STATE, namespace),
+                                **provisioned.client(Principal.ADMIN),
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    failed = True
+    try:
+        await consumer.start()
+        try:
+            watch = Tap(consumer)
+            for node in ("node-001", "node-002", "node-003"):
+                await watch.wait_for(is_up(node), 120, f"{node} up")
+            fleet.inject_fault(tmp_path, "node-002", xid=[79])
+            await watch.wait_for(is_success_of(watch, "node-002"), 120,
+                                 "the offline task for node-002 to succeed")
+            states = [e.state for e in task_events_for(watch, "node-002")]
+            assert states[:4] == ["created", "queued", "dispatched", "running"]
+            assert task_events_for(watch, "node-001") == []
+        finally:
+            await consumer.stop()
+        assert not launcher.dead_services(running), [s.name for s in
+                                                     launcher.dead_services(running)]
+        failed = False
+    finally:
+        fleet.fleet_down(tmp_path)
+        launcher.stop_services(running)
+        if failed:
+            print_logs(running)
+
+
 async def test_a_report_of_an_agent_becomes_the_collectors_samples(
     provisioned: SecureBroker, redis_url: str, namespace: str, tmp_path: Path
 ) -> None:
     base = {"REDIS_URL": redis_url, "WARDEN_NAMESPACE": namespace, "WARDEN_CLUSTER_ID": "itest",
             "WARDEN_STATE_DIR": str(tmp_path)}
-    collector = launcher.start_services(
-        tmp_path, {**base, **provisioned.settings_of(Principal.COLLECTOR)}, ("collector",))
+    collector = start_as_themselves(provisioned, base, tmp_path, ("collector",))
     trusted = ensure_signer_keys(tmp_path / "keys")
     agents = fleet.fleet_up(1, 1, "itest", namespace, tmp_path,
                             {**base, **provisioned.settings_of(Principal.AGENT)}, trusted, 0.5)
@@ -120,7 +183,7 @@ async def test_a_report_of_an_agent_becomes_the_collectors_samples(
         assert record.key is not None
         assert not launcher.dead_services(collector)
     except BaseException:
-        print(collector[0].log_path.read_text(errors="replace")[-4000:])
+        print_logs(collector)
         raise
     finally:
         fleet.fleet_down(tmp_path)

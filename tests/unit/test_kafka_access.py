@@ -85,3 +85,10 @@ def test_a_reader_may_write_its_dead_letters_and_nothing_else_of_the_topic() -> 
     assert (wire, "Read") in agent
     assert (wire, "Write") not in agent
     assert ("ns.agent", "Read") in agent  # its consumer groups: ns.agent-<cluster>-<node>
+
+
+def test_a_principal_that_writes_nothing_may_only_take_a_producer_id() -> None:
+    # Its idempotent producer asks for an id at start, which needs some right to write.
+    rules = [r for r in acl_rules("ns") if r.principal is Principal.INVENTORY]
+    assert [(r.kind, r.resource, r.operation) for r in rules] == [
+        ("Cluster", "kafka-cluster", "IdempotentWrite")]
