@@ -33,6 +33,7 @@ from agent.report import Reporter
 from agent.settings import AgentSettings
 from agent.store import CheckpointStore
 from common.errors import InfrastructureUnavailable
+from common.kafka_access import client_options
 from common.messaging import EventBus, ensure_topics, make_broker, subscribe
 from common.signing import verifier_from_files
 from common.telemetry import setup_telemetry, shutdown_telemetry
@@ -176,7 +177,8 @@ class Agent:
         """Open local state and answer peers, then make sure every topic exists."""
         # Before Kafka: a node whose broker link is down still answers its peers.
         await self.open_local()
-        await ensure_topics(self.settings.kafka_bootstrap_servers, self.settings.namespace)
+        await ensure_topics(self.settings.kafka_bootstrap_servers, self.settings.namespace,
+                            security=client_options(self.settings))
 
     async def start_reporting(self) -> None:
         """Start the report loop once the broker is connected (and train the served models,

@@ -16,12 +16,12 @@ import asyncio
 import contextlib
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar, get_type_hints
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import TopicAlreadyExistsError, TopicAuthorizationFailedError
 from faststream import AckPolicy
 from faststream.kafka import KafkaBroker
 from faststream.kafka.opentelemetry import KafkaTelemetryMiddleware
@@ -31,6 +31,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from common.deadletter import DeadLetterPolicy
 from common.errors import PermanentError
+from common.kafka_access import broker_security
 from common.settings import ServiceSettings
 from common.telemetry import Telemetry
 from schemas.catalog import TOPIC_MODELS
@@ -126,12 +127,13 @@ class BulkPublisher:
     headers, so consumers still continue the trace.
     """
 
-    def __init__(self, bootstrap: str, namespace: str, client_id: str,
+    def __init__(self, client: Mapping[str, Any], namespace: str, client_id: str,
                  tracer: trace.Tracer) -> None:
+        """`client`: the connection's options (`common.kafka_access.client_options`)."""
         self.namespace = namespace
         self.tracer = tracer
         self._options: dict[str, Any] = {
-            "bootstrap_servers": bootstrap, "client_id": client_id, "enable_idempotence": True,
+            **client, "client_id": client_id, "enable_idempotence": True,
             "acks": "all", "linger_ms": 5, "request_timeout_ms": 15_000,
         }
         self._producer: AIOKafkaProducer | None = None
@@ -198,6 +200,7 @@ def make_broker(
     broker = KafkaBroker(
         settings.kafka_bootstrap_servers,
         client_id=f"warden-{service}",
+        security=broker_security(settings),
         enable_idempotence=True,
         acks="all",
         allow_auto_create_topics=False,
@@ -230,6 +233,23 @@ def all_topic_names(namespace: str) -> dict[str, int]:
     return names
 
 
+def _admin(bootstrap: str, security: Mapping[str, Any] | None) -> AIOKafkaAdminClient:
+    options = {**(security or {}), "bootstrap_servers": bootstrap}
+    return AIOKafkaAdminClient(**options, request_timeout_ms=10_000)
+
+
+def _created(response: Any) -> list[str]:
+    """The topics a create request made. On a secured broker a principal may create none:
+    the setup step made them all (docs/security.md), and it cannot even see the topics it
+    has no rights on, so those come back refused and are left alone."""
+    made = []
+    for topic, code, *_ in response.topic_errors:
+        if code == TopicAuthorizationFailedError.errno:
+            continue
+        made.append(topic)
+    return made
+
+
 async def _wait_for_leaders(admin: AIOKafkaAdminClient, names: list[str],
                             timeout_s: float = 30.0) -> None:
     """Wait until every partition of new topics has a leader, so first reads do not fail."""
@@ -242,12 +262,13 @@ async def _wait_for_leaders(admin: AIOKafkaAdminClient, names: list[str],
         await asyncio.sleep(0.2)
 
 
-async def delete_topics(bootstrap: str, namespace: str) -> None:
+async def delete_topics(bootstrap: str, namespace: str,
+                        security: Mapping[str, Any] | None = None) -> None:
     """Delete every topic of `namespace` (a finished test run's): a broker holding thousands of
     idle partitions spends its heap and its controller's time on them."""
     if not namespace:
         raise ValueError("refusing to delete the production (un-namespaced) topics")
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+    admin = _admin(bootstrap, security)
     try:
         await admin.start()
         prefix = f"{namespace}."
@@ -258,11 +279,15 @@ async def delete_topics(bootstrap: str, namespace: str) -> None:
         await admin.close()
 
 
-async def ensure_topics(bootstrap: str, namespace: str, attempts: int = 30) -> None:
-    """Create every topic of `namespace` if missing (idempotent; retries while Kafka starts)."""
+async def ensure_topics(bootstrap: str, namespace: str, attempts: int = 30,
+                        security: Mapping[str, Any] | None = None) -> None:
+    """Create every topic of `namespace` if missing (idempotent; retries while Kafka starts).
+
+    `security`: the connection's options (`common.kafka_access.client_options`).
+    """
     wanted = all_topic_names(namespace)
     for attempt in range(attempts):
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+        admin = _admin(bootstrap, security)
         try:
             await admin.start()
             existing = set(await admin.list_topics())
@@ -274,8 +299,9 @@ async def ensure_topics(bootstrap: str, namespace: str, attempts: int = 30) -> N
             if missing:
                 # Another service may have created them first.
                 with contextlib.suppress(TopicAlreadyExistsError):
-                    await admin.create_topics(missing)
-                await _wait_for_leaders(admin, [t.name for t in missing])
+                    made = _created(await admin.create_topics(missing))
+                    if made:
+                        await _wait_for_leaders(admin, made)
             return
         except Exception as err:
             if attempt == attempts - 1:

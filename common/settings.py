@@ -1,8 +1,8 @@
 """Settings every service shares; each service subclasses with its own env prefix."""
 
-from typing import Self
+from typing import Literal, Self
 
-from pydantic import AliasChoices, Field, model_validator
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.envelope import CLUSTER_ID_PATTERN
@@ -22,6 +22,29 @@ class ServiceSettings(BaseSettings):
     kafka_bootstrap_servers: str = Field(
         default="127.0.0.1:19092",
         validation_alias=AliasChoices("KAFKA_BOOTSTRAP_SERVERS", "kafka_bootstrap_servers"),
+    )
+    # Plaintext by default (the local demo and tests); a secured broker (docs/security.md)
+    # takes SASL_SSL with this service's own principal and the CA that signed the broker.
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        default="PLAINTEXT",
+        validation_alias=AliasChoices("KAFKA_SECURITY_PROTOCOL", "kafka_security_protocol"),
+    )
+    kafka_sasl_mechanism: Literal["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"] = Field(
+        default="SCRAM-SHA-512",
+        validation_alias=AliasChoices("KAFKA_SASL_MECHANISM", "kafka_sasl_mechanism"),
+    )
+    kafka_sasl_username: str = Field(
+        default="",
+        validation_alias=AliasChoices("KAFKA_SASL_USERNAME", "kafka_sasl_username"),
+    )
+    kafka_sasl_password: SecretStr = Field(
+        default=SecretStr(""),
+        validation_alias=AliasChoices("KAFKA_SASL_PASSWORD", "kafka_sasl_password"),
+    )
+    kafka_ssl_cafile: str = Field(
+        default="",
+        validation_alias=AliasChoices("KAFKA_SSL_CAFILE", "kafka_ssl_cafile"),
+        description="PEM file of the CA that signed the broker's certificate; empty: the system's.",
     )
     redis_url: str = Field(
         default="redis://127.0.0.1:16379/0",
@@ -90,4 +113,14 @@ class ServiceSettings(BaseSettings):
         if self.redis_connect_timeout_s + self.redis_read_timeout_s > REDIS_CALL_BOUND_S:
             raise ValueError(f"redis_connect_timeout_s + redis_read_timeout_s must be at most "
                              f"{REDIS_CALL_BOUND_S:g} s")
+        return self
+
+    @model_validator(mode="after")
+    def _sasl_needs_credentials(self) -> Self:
+        # Refused at start-up: an empty password would only fail later, as an opaque
+        # authentication error on the first connection.
+        if self.kafka_security_protocol.startswith("SASL_") and not (
+                self.kafka_sasl_username and self.kafka_sasl_password.get_secret_value()):
+            raise ValueError(f"KAFKA_SECURITY_PROTOCOL={self.kafka_security_protocol} needs "
+                             "KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD")
         return self

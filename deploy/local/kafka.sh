@@ -6,22 +6,48 @@
 #   deploy/local/kafka.sh stop     SIGTERM, wait up to 30 s for a clean shutdown, then SIGKILL
 #   deploy/local/kafka.sh status   exit 0 if running and accepting connections, 1 otherwise
 #   deploy/local/kafka.sh reset    stop and delete the data dir (the next start formats afresh)
+#   deploy/local/kafka.sh env P    (secured broker) print the exports that connect as principal P
+#   deploy/local/kafka.sh provision [NS]
+#                                  (secured broker) create namespace NS's topics and ACLs
+#
+# Secured (docs/security.md): `start --secure`, or KAFKA_SECURITY=sasl_ssl for every command,
+# runs the broker with one SASL_SSL (SCRAM-SHA-512) client listener instead of PLAINTEXT, the
+# StandardAuthorizer refusing whatever no ACL allows, and a user per principal of
+# schemas/access.py. The first start makes a CA and the broker's certificate, the passwords and
+# the users; every start then creates the production topics and the ACL table's rules. Its state
+# (data, certificates, passwords) lives apart, in $WARDEN_STATE_DIR/kafka-secure, so the two
+# brokers can run side by side on different ports.
 #
 # Environment:
 #   WARDEN_STATE_DIR        state root (default <repo>/.state); this script uses $WARDEN_STATE_DIR/kafka
 #   KAFKA_PORT              client (PLAINTEXT) port, default 19092
 #   KAFKA_CONTROLLER_PORT   KRaft controller port, default 19093
+#   KAFKA_SECURITY          plaintext (default) or sasl_ssl
 # Both ports bind 127.0.0.1 only and sit away from 9092/9093 so a system Kafka does not collide.
 set -euo pipefail
 
-COMPONENT=kafka
+SECURE=0
+case "${KAFKA_SECURITY:-plaintext}" in
+    plaintext) ;;
+    sasl_ssl) SECURE=1 ;;
+    *) printf 'kafka: error: KAFKA_SECURITY is %s, not plaintext or sasl_ssl\n' "${KAFKA_SECURITY}" >&2; exit 2 ;;
+esac
+if [[ "${2:-}" == "--secure" ]]; then
+    SECURE=1
+    set -- "$1" "${@:3}"
+fi
+
+if (( SECURE )); then COMPONENT=kafka-secure; else COMPONENT=kafka; fi
 # shellcheck source=deploy/local/common.sh
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/common.sh"
 
 KAFKA_HOST=127.0.0.1
 KAFKA_PORT="${KAFKA_PORT:-19092}"
 KAFKA_CONTROLLER_PORT="${KAFKA_CONTROLLER_PORT:-19093}"
-STATE_DIR="${STATE_ROOT}/kafka"
+STATE_DIR="${STATE_ROOT}/${COMPONENT}"
+SECRETS_DIR="${STATE_DIR}/secrets"
+CA_CERT="${SECRETS_DIR}/ca.pem"
+ADMIN=admin
 DATA_DIR="${STATE_DIR}/data"
 LOGS_DIR="${STATE_DIR}/logs"
 SERVER_PROPS="${STATE_DIR}/server.properties"
@@ -41,7 +67,7 @@ LOCK_WAIT_S=$(( READY_TIMEOUT_S + STOP_TIMEOUT_S ))
 
 
 usage() {
-    printf 'usage: %s {start|stop|status|reset}\n' "$0" >&2
+    printf 'usage: %s {start [--secure]|stop|status|reset|env PRINCIPAL|provision [NAMESPACE]}\n' "$0" >&2
     exit 2
 }
 
@@ -86,6 +112,10 @@ port_open() {
 # is not enough to call the broker usable, so ask it for metadata the way a client would. aiokafka
 # is the client the services use, so prefer it; without it, send a hand-built Metadata v0 request.
 broker_answers() {
+    if (( SECURE )); then
+        secure_broker_answers
+        return
+    fi
     python3 - "${KAFKA_HOST}" "${KAFKA_PORT}" <<'PY' >/dev/null 2>&1
 import asyncio
 import socket
@@ -133,6 +163,91 @@ else:
 PY
 }
 
+VENV_PY="${REPO_ROOT}/.venv/bin/python"
+
+require_venv() {
+    [[ -x "${VENV_PY}" ]] || die "${VENV_PY} is missing; the secured broker's setup needs it: run make setup"
+}
+
+# The principals of the access table (schemas/access.py), admin among them.
+principals() {
+    PYTHONPATH="${REPO_ROOT}" "${VENV_PY}" -c 'from schemas.access import Principal; print(*Principal, sep="\n")'
+}
+
+password_file() { printf '%s/%s.password' "${SECRETS_DIR}" "$1"; }
+
+# A CA, the broker's certificate (for 127.0.0.1 and localhost) in a PKCS12 keystore, and a
+# random password per principal; made once, kept across restarts and `reset`.
+make_secrets() {
+    [[ -f "${SECRETS_DIR}/broker.p12" ]] && return 0
+    command -v openssl >/dev/null 2>&1 || die "openssl not found on PATH (apt-get install -y openssl)"
+    log "making a CA, the broker's certificate and the principals' passwords in ${SECRETS_DIR} ..."
+    mkdir -p "${SECRETS_DIR}"
+    chmod 700 "${SECRETS_DIR}"
+    local name
+    ( umask 077
+      while read -r name; do
+          head -c 24 /dev/urandom | base64 | tr -d '/+=\n' >"$(password_file "${name}")"
+      done < <(principals)
+      head -c 24 /dev/urandom | base64 | tr -d '/+=\n' >"${SECRETS_DIR}/keystore.password"
+      openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=ClusterWarden local CA" \
+          -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+          -keyout "${SECRETS_DIR}/ca.key" -out "${CA_CERT}"
+      openssl req -newkey rsa:2048 -nodes -subj "/CN=${KAFKA_HOST}" \
+          -keyout "${SECRETS_DIR}/broker.key" -out "${SECRETS_DIR}/broker.csr"
+      printf 'subjectAltName=IP:%s,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\nkeyUsage=critical,digitalSignature,keyEncipherment\n' \
+          "${KAFKA_HOST}" >"${SECRETS_DIR}/broker.ext"
+      openssl x509 -req -days 825 -in "${SECRETS_DIR}/broker.csr" -CA "${CA_CERT}" \
+          -CAkey "${SECRETS_DIR}/ca.key" -CAcreateserial -extfile "${SECRETS_DIR}/broker.ext" \
+          -out "${SECRETS_DIR}/broker.pem"
+      openssl pkcs12 -export -name broker -in "${SECRETS_DIR}/broker.pem" \
+          -inkey "${SECRETS_DIR}/broker.key" -certfile "${CA_CERT}" \
+          -passout "file:${SECRETS_DIR}/keystore.password" -out "${SECRETS_DIR}/broker.p12"
+    ) >>"${LOGS_DIR}/openssl.log" 2>&1 || die "openssl failed (see ${LOGS_DIR}/openssl.log)"
+    chmod 644 "${CA_CERT}"
+}
+
+# The settings (common/settings.py) that connect as principal $1, one NAME=value per line.
+principal_env() {
+    local file
+    file="$(password_file "$1")"
+    [[ -f "${file}" ]] || die "no principal '$1' (passwords in ${SECRETS_DIR}; the principals are schemas/access.py's)"
+    printf '%s\n' "KAFKA_BOOTSTRAP_SERVERS=${KAFKA_HOST}:${KAFKA_PORT}" \
+        "KAFKA_SECURITY_PROTOCOL=SASL_SSL" "KAFKA_SASL_MECHANISM=SCRAM-SHA-512" \
+        "KAFKA_SASL_USERNAME=$1" "KAFKA_SASL_PASSWORD=$(<"${file}")" "KAFKA_SSL_CAFILE=${CA_CERT}"
+}
+
+# Runs "$@" with the admin's connection settings in its environment.
+as_admin() {
+    local -a vars
+    mapfile -t vars < <(principal_env "${ADMIN}")
+    env "${vars[@]}" PYTHONPATH="${REPO_ROOT}" "$@"
+}
+
+# The secured broker's readiness: the admin authenticates over TLS and lists the topics.
+secure_broker_answers() {
+    as_admin "${VENV_PY}" - <<'PY' >/dev/null 2>&1
+import asyncio
+
+from aiokafka.admin import AIOKafkaAdminClient
+
+from common.kafka_access import client_options
+from common.settings import ServiceSettings
+
+
+async def main() -> None:
+    admin = AIOKafkaAdminClient(**client_options(ServiceSettings()), request_timeout_ms=5000)
+    await admin.start()
+    try:
+        await admin.list_topics()
+    finally:
+        await admin.close()
+
+
+asyncio.run(asyncio.wait_for(main(), timeout=10))
+PY
+}
+
 # Prints the pid from the pid file if that process is alive and really is our broker (pids get
 # reused, so a bare `kill -0` could point at an unrelated process after a reboot).
 live_pid() {
@@ -176,9 +291,48 @@ cluster_id() {
     printf '%s' "${id}"
 }
 
+# The client listener: PLAINTEXT, or SASL_SSL with SCRAM-SHA-512 and the ACLs enforced.
+listener_props() {
+    if (( ! SECURE )); then
+        cat <<EOF
+listeners=PLAINTEXT://${KAFKA_HOST}:${KAFKA_PORT},CONTROLLER://${KAFKA_HOST}:${KAFKA_CONTROLLER_PORT}
+advertised.listeners=PLAINTEXT://${KAFKA_HOST}:${KAFKA_PORT}
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+EOF
+        return
+    fi
+    cat <<EOF
+# Clients authenticate with SCRAM-SHA-512 over TLS; the controller listener stays PLAINTEXT on
+# loopback (only this node's broker half talks to it).
+listeners=SASL_SSL://${KAFKA_HOST}:${KAFKA_PORT},CONTROLLER://${KAFKA_HOST}:${KAFKA_CONTROLLER_PORT}
+advertised.listeners=SASL_SSL://${KAFKA_HOST}:${KAFKA_PORT}
+listener.security.protocol.map=SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=SASL_SSL
+sasl.enabled.mechanisms=SCRAM-SHA-512
+sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="${ADMIN}" password="$(<"$(password_file "${ADMIN}")")";
+ssl.keystore.type=PKCS12
+ssl.keystore.location=${SECRETS_DIR}/broker.p12
+ssl.keystore.password=$(<"${SECRETS_DIR}/keystore.password")
+ssl.key.password=$(<"${SECRETS_DIR}/keystore.password")
+ssl.truststore.type=PEM
+ssl.truststore.location=${CA_CERT}
+ssl.endpoint.identification.algorithm=https
+
+# Whatever no ACL allows is refused. The admin (topics, users, ACLs) is the super user;
+# ANONYMOUS is the broker half reaching the controller over its loopback PLAINTEXT listener,
+# which no client can use for data (it serves only the KRaft protocol).
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+allow.everyone.if.no.acl.found=false
+super.users=User:${ADMIN};User:ANONYMOUS
+EOF
+}
+
 write_configs() {
     # Regenerated on every start so that changed ports or settings here take effect; nothing in
-    # these files is state worth preserving.
+    # these files is state worth preserving. The secured broker's holds the broker's passwords.
+    ( umask 077; : >"${SERVER_PROPS}" )
     cat >"${SERVER_PROPS}" <<EOF
 # Generated by deploy/local/kafka.sh on every start; edit the script, not this file.
 # Single combined broker+controller KRaft node.
@@ -188,11 +342,8 @@ node.id=1
 # dynamic-quorum alternative (controller.quorum.bootstrap.servers + format --standalone) is only
 # needed to add or remove controllers later, which a one-node dev broker never does.
 controller.quorum.voters=1@${KAFKA_HOST}:${KAFKA_CONTROLLER_PORT}
-listeners=PLAINTEXT://${KAFKA_HOST}:${KAFKA_PORT},CONTROLLER://${KAFKA_HOST}:${KAFKA_CONTROLLER_PORT}
-advertised.listeners=PLAINTEXT://${KAFKA_HOST}:${KAFKA_PORT}
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+$(listener_props)
 controller.listener.names=CONTROLLER
-inter.broker.listener.name=PLAINTEXT
 log.dirs=${DATA_DIR}
 
 # One broker: every internal topic must make do with replication 1, and one partition keeps
@@ -250,9 +401,18 @@ format_storage() {
     local id
     id="$(cluster_id)"
     log "formatting ${DATA_DIR} (cluster id ${id}) ..."
+    # The secured broker's users are written into the metadata at format time, so they exist
+    # before the broker first accepts a connection (the admin among them).
+    local -a users=()
+    if (( SECURE )); then
+        local name
+        while read -r name; do
+            users+=(--add-scram "SCRAM-SHA-512=[name=${name},password=$(<"$(password_file "${name}")")]")
+        done < <(principals)
+    fi
     java -Xmx256m -Dlog4j2.configurationFile="${LOG4J_PROPS}" -Dkafka.logs.dir="${LOGS_DIR}" \
         -cp "${LIBS_DIR}/*" kafka.tools.StorageTool format \
-        -t "${id}" -c "${SERVER_PROPS}" --ignore-formatted >>"${STDOUT_LOG}" 2>&1 \
+        -t "${id}" -c "${SERVER_PROPS}" --ignore-formatted "${users[@]}" >>"${STDOUT_LOG}" 2>&1 \
         || { show_log_tail; die "formatting the storage directory failed"; }
 }
 
@@ -309,6 +469,10 @@ cmd_start() {
 
     require_java
     ensure_libs
+    if (( SECURE )); then
+        require_venv
+        make_secrets
+    fi
     write_configs
     format_storage
 
@@ -334,6 +498,26 @@ cmd_start() {
 
     wait_until_ready "${pid}" "${started}"
     log "kafka ready on ${KAFKA_HOST}:${KAFKA_PORT} in $(elapsed_since "${started}") s"
+    if (( SECURE )); then
+        cmd_provision ""
+    fi
+}
+
+# The setup step of the secured broker: namespace $1's topics and the ACL table's rules.
+cmd_provision() {
+    (( SECURE )) || die "provision is for the secured broker (start --secure or KAFKA_SECURITY=sasl_ssl)"
+    require_venv
+    as_admin "${VENV_PY}" -m common.kafka_provision --namespace "$1" >/dev/null \
+        || die "creating the topics and ACLs of namespace '$1' failed"
+    log "topics and ACLs of namespace '$1' in place"
+}
+
+cmd_env() {
+    (( SECURE )) || die "env is for the secured broker (KAFKA_SECURITY=sasl_ssl)"
+    local line
+    while read -r line; do
+        printf 'export %q\n' "${line}"
+    done < <(principal_env "$1")
 }
 
 cmd_stop() {
@@ -377,13 +561,15 @@ cmd_reset() {
 }
 
 main() {
-    [[ $# -eq 1 ]] || usage
+    [[ $# -ge 1 ]] || usage
     validate_port KAFKA_PORT "${KAFKA_PORT}"
     validate_port KAFKA_CONTROLLER_PORT "${KAFKA_CONTROLLER_PORT}"
     [[ "${KAFKA_PORT}" != "${KAFKA_CONTROLLER_PORT}" ]] \
         || die "KAFKA_PORT and KAFKA_CONTROLLER_PORT must differ"
     case "$1" in
-        start) take_lock "${LOCK_WAIT_S}"; cmd_start ;;
+        start) [[ $# -eq 1 ]] || usage; take_lock "${LOCK_WAIT_S}"; cmd_start ;;
+        env) [[ $# -eq 2 ]] || usage; cmd_env "$2" ;;
+        provision) [[ $# -le 2 ]] || usage; cmd_provision "${2:-}" ;;
         stop) take_lock "${LOCK_WAIT_S}"; cmd_stop ;;
         status) cmd_status ;;
         reset) take_lock "${LOCK_WAIT_S}"; cmd_reset ;;

@@ -15,6 +15,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 from faststream.kafka import KafkaBroker
 
+from common.kafka_access import client_options
 from common.messaging import EventBus, make_broker
 from common.settings import ServiceSettings
 from common.telemetry import Telemetry
@@ -64,7 +65,7 @@ class Publisher:
         deployment whose API starts first still takes a control, at little cost.
         """
         wanted = {topic_name(t, self.settings.namespace): PARTITIONS[t] for t in PUBLISHED}
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap_servers,
+        admin = AIOKafkaAdminClient(**client_options(self.settings),
                                     request_timeout_ms=int(self.timeout_s * 1000))
         try:
             await admin.start()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from faststream import FastStream
 
+from common.kafka_access import client_options
 from common.messaging import BulkPublisher, EventBus, make_broker, subscribe
 from common.signing import local_signer
 from common.telemetry import setup_telemetry
@@ -24,7 +25,7 @@ def create_app(settings: CollectorSettings | None = None) -> FastStream:
     redis = connect_redis(settings.redis_url, settings.redis_connect_timeout_s,
                           settings.redis_read_timeout_s)
     tracer = telemetry.tracer("clusterwarden.collector")
-    bulk = BulkPublisher(settings.kafka_bootstrap_servers, settings.namespace,
+    bulk = BulkPublisher(client_options(settings), settings.namespace,
                          "warden-collector-bulk", tracer)
     keys = Keys(settings.namespace)
     nodes = NodeStore(redis, keys, settings.require_registration, settings.history_minutes,

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from faststream import FastStream
 from faststream.kafka import KafkaBroker
 
+from common.kafka_access import client_options
 from common.messaging import ensure_topics
 from common.settings import ServiceSettings
 from common.telemetry import shutdown_telemetry
@@ -71,7 +72,8 @@ def build_app(
     async def create_topics() -> None:
         # First: a slow start-up (Kafka still coming up) answers "alive, starting".
         await health.open()
-        await ensure_topics(settings.kafka_bootstrap_servers, settings.namespace)
+        await ensure_topics(settings.kafka_bootstrap_servers, settings.namespace,
+                            security=client_options(settings))
         for starter in starters:
             await starter()
 

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from agent.ml.serving import STANDARD_MODELS
+from common.kafka_access import client_options
 from common.messaging import ensure_topics
 from common.signing import ensure_signer_keys
 from warden import launcher
@@ -48,7 +49,8 @@ def demo(
     settings = service_settings()
     state = state_dir(settings)
     env = service_env(settings) | api_env(settings) | DEMO_SETTINGS
-    asyncio.run(ensure_topics(settings.kafka_bootstrap_servers, settings.namespace))
+    asyncio.run(ensure_topics(settings.kafka_bootstrap_servers, settings.namespace,
+                              security=client_options(settings)))
     trusted = ensure_signer_keys(state / "keys")
     services = launcher.start_services(state, env, launcher.PROCESSES)
     names = [f"node-{i:03d}" for i in range(1, nodes + 1)]

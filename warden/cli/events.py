@@ -11,6 +11,7 @@ from collections.abc import Mapping
 import typer
 from aiokafka import AIOKafkaConsumer
 
+from common.kafka_access import client_options
 from common.settings import ServiceSettings
 from schemas.catalog import TOPIC_MODELS
 from schemas.events.v1 import Alert, NodeState, OpsNeed, TaskEvent
@@ -61,7 +62,7 @@ async def watch(settings: ServiceSettings, until_task_state: str | None = None,
                 timeout_s: float | None = None) -> int:
     """Print node states, needs and task events as they happen; returns 0 on `until` state."""
     names = {topic_name(t, settings.namespace): t for t in WATCHED}
-    consumer = AIOKafkaConsumer(*names, bootstrap_servers=settings.kafka_bootstrap_servers,
+    consumer = AIOKafkaConsumer(*names, **client_options(settings),
                                 auto_offset_reset="latest", enable_auto_commit=False)
     await consumer.start()
     deadline = time.monotonic() + timeout_s if timeout_s else None

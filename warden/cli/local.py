@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from common.kafka_access import client_options
 from common.messaging import ensure_topics
 from common.settings import ServiceSettings
 from common.signing import SHARED_STEM, ensure_keypair, ensure_signer_keys
@@ -44,7 +45,8 @@ def keys(
 def topics() -> None:
     """Create every topic (and dead-letter topic) of the namespace."""
     settings = service_settings()
-    asyncio.run(ensure_topics(settings.kafka_bootstrap_servers, settings.namespace))
+    asyncio.run(ensure_topics(settings.kafka_bootstrap_servers, settings.namespace,
+                              security=client_options(settings)))
     typer.echo("topics ready")
 
 
@@ -75,7 +77,8 @@ def api_env(settings: ServiceSettings) -> dict[str, str]:
 def up() -> None:
     """Run every control-plane service and the API, each in its own process, until Ctrl-C."""
     settings = service_settings()
-    asyncio.run(ensure_topics(settings.kafka_bootstrap_servers, settings.namespace))
+    asyncio.run(ensure_topics(settings.kafka_bootstrap_servers, settings.namespace,
+                              security=client_options(settings)))
     services = launcher.start_services(state_dir(settings),
                                        service_env(settings) | api_env(settings),
                                        launcher.PROCESSES)

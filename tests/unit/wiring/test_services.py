@@ -21,8 +21,9 @@ from agent import app as agent_app
 from agent.app import Agent
 from agent.settings import AgentSettings
 from common.settings import ServiceSettings
+from schemas.access import Operation, Pattern, Principal, ResourceKind, acl_rules, group_prefix
 from schemas.catalog import TOPIC_MODELS
-from schemas.topics import Topic
+from schemas.topics import Topic, dead_letter_name
 from services.alerts import app as alerts_app
 from services.alerts.handlers import AlertsService
 from services.alerts.settings import AlertsSettings
@@ -244,3 +245,22 @@ def test_every_service_is_ready_only_while_what_it_uses_answers(
     for building in launcher.SERVICES:
         SERVICES[building].build(tmp_path / building)
     assert asked == READINESS
+
+
+@pytest.mark.parametrize("name", sorted(SERVICES))
+def test_the_acl_table_lets_each_service_read_what_it_subscribes(
+        name: str, tmp_path: Path) -> None:
+    # A subscription the table (schemas/access.py) does not allow would be refused by the
+    # secured broker at start-up: the two must not drift apart.
+    broker = SERVICES[name].build(tmp_path).broker
+    assert isinstance(broker, KafkaBroker)
+    principal = Principal(name)
+    allowed = {(r.kind, r.pattern, r.resource, r.operation) for r in acl_rules(NAMESPACE)
+               if r.principal is principal}
+    for topic, group, _ in subscriptions(broker):
+        assert (ResourceKind.TOPIC, Pattern.LITERAL, topic, Operation.READ) in allowed, topic
+        assert (ResourceKind.TOPIC, Pattern.LITERAL, dead_letter_name(topic),
+                Operation.WRITE) in allowed, topic
+        assert group.startswith(group_prefix(principal, NAMESPACE)), group
+        assert (ResourceKind.GROUP, Pattern.PREFIXED, group_prefix(principal, NAMESPACE),
+                Operation.READ) in allowed
