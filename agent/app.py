@@ -29,12 +29,13 @@ from agent.jobs.simulated import SimulatedJobs
 from agent.journal import Journal
 from agent.ml.serving import ModelServer
 from agent.peers import EchoListener, PeerProber
-from agent.report import Reporter
+from agent.report import Reporter, load_report_key
 from agent.settings import AgentSettings
 from agent.store import CheckpointStore
 from common.errors import InfrastructureUnavailable
 from common.kafka_access import client_options
 from common.messaging import EventBus, ensure_topics, make_broker, subscribe
+from common.reportauth import NodeReportKey
 from common.signing import verifier_from_files
 from common.telemetry import setup_telemetry, shutdown_telemetry
 from schemas.events.v1 import Command, CommandResult, now_utc
@@ -102,6 +103,7 @@ class Agent:
         self._loop_task: asyncio.Task[None] | None = None
         self._probe_task: asyncio.Task[object] | None = None
         self._tend_task: asyncio.Task[None] | None = None
+        self._report_key: NodeReportKey | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -114,6 +116,7 @@ class Agent:
         journal = self._journal = Journal.open(self.state_dir)
         if not settings.trusted_keys:
             log.warning("no trusted keys: every command will be rejected (unknown_kid)")
+        self._report_key = load_report_key(settings)
         verifier = verifier_from_files(list(settings.trusted_keys), settings.revoked_kids)
         # Seeded by the node's name, so a node's simulated GPUs look the same every run.
         seed = zlib.crc32(f"{settings.cluster_id}/{settings.node_id}".encode())
@@ -381,7 +384,9 @@ class Agent:
             self._reported_plan = plan
             span.set_attribute("report.seq", report.seq)
             span.set_attribute("report.faults", len(report.faults))
-            await self.bus.publish(Topic.NODE_REPORTS, report)
+            key = self._report_key
+            await self.bus.publish_sealed(Topic.NODE_REPORTS, report,
+                                          None if key is None else key.headers)
 
 
 def create_agent(settings: AgentSettings | None = None) -> Agent:

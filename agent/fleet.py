@@ -7,6 +7,7 @@ Layout under a fleet's state directory:
     agents/<node>/jobs.json      the jobs the node owns (see agent.jobs.table)
     agents/<node>/probe.addr     its peer-probe listener (see agent.peers)
     agents/<node>/launch.json    how it was started, so `restart_agent` can start it again
+    agents/<node>/report.key     the node's report key, given at its first start (enrolment)
     agents/<node>/jobs/<job>/    status.json, checkpoint.npz, job.pid, job.log of a job
     checkpoints/<job>/           checkpoint.npz, meta.json: the shared checkpoint store
                                  (AGENT_CHECKPOINT_STORE) migrations go through
@@ -35,6 +36,7 @@ from agent.faults import FaultPlan, clear_fault_file, read_faults, write_faults
 from agent.jobs.processes import JOBS_DIR
 from agent.jobs.processes import PID_FILE as JOB_PID_FILE
 from agent.settings import CHECKPOINTS_DIR
+from common.reportauth import NODE_KEY_FILE, enrol_key, ensure_master, master_path, write_node_key
 
 log = logging.getLogger("clusterwarden.agent.fleet")
 
@@ -76,6 +78,24 @@ def agent_dir(state_dir: Path, node_id: str) -> Path:
 def checkpoint_store(state_dir: Path) -> Path:
     """The checkpoint store every agent of the fleet shares."""
     return Path(state_dir).resolve() / CHECKPOINTS_DIR
+
+
+def report_key_path(state_dir: Path, node_id: str) -> Path:
+    return agent_dir(state_dir, node_id) / NODE_KEY_FILE
+
+
+def centre_master(env: Mapping[str, str], state_dir: Path) -> Path:
+    """The collector's report master of the stack `env` describes (its state dir's, unless
+    configured): the one a local agent's report key must come from."""
+    return master_path(env.get("COLLECTOR_REPORT_MASTER_KEY", ""),
+                       env.get("WARDEN_STATE_DIR") or state_dir)
+
+
+def enrol_report_key(state_dir: Path, node_id: str, cluster_id: str, master: Path) -> Path:
+    """Give a local node its report key, derived from the collector's master (made if the
+    collector has not started yet: the first of the two makes it)."""
+    key = enrol_key(ensure_master(master), cluster_id, node_id)
+    return write_node_key(report_key_path(state_dir, node_id), key)
 
 
 def log_path(state_dir: Path, node_id: str) -> Path:
@@ -249,6 +269,7 @@ def agent_env(
         "AGENT_INTERVAL_S": str(interval_s),
         "AGENT_STATE_DIR": str(agent_dir(state_dir, node_id)),
         "AGENT_TRUSTED_KEYS": ",".join(str(Path(p).resolve()) for p in trusted_keys),
+        "AGENT_REPORT_KEY_FILE": str(report_key_path(state_dir, node_id)),
         "AGENT_CHECKPOINT_STORE": (
             child.get("AGENT_CHECKPOINT_STORE") or str(checkpoint_store(state_dir))
         ),
@@ -274,8 +295,10 @@ def start_agent(
     jobs: str | None = None,
     probe_port: int | None = None,
     models: str | None = None,
+    report_master: Path | None = None,
 ) -> AgentProcess:
-    """Start one agent process (or return the one already running for this node)."""
+    """Start one agent process (or return the one already running for this node), enrolled
+    with its report key from `report_master` (default: the collector's of `env`)."""
     home = agent_dir(state_dir, node_id)
     logs = log_path(state_dir, node_id)
     pid = read_pid(state_dir, node_id)
@@ -285,6 +308,8 @@ def start_agent(
         return AgentProcess(node_id, pid, home, logs)
     home.mkdir(parents=True, exist_ok=True)
     logs.parent.mkdir(parents=True, exist_ok=True)
+    master = (report_master or centre_master(env, state_dir)).resolve()
+    enrol_report_key(state_dir, node_id, cluster_id, master)
     child_env = agent_env(
         node_id=node_id, gpus=gpus, cluster_id=cluster_id, namespace=namespace,
         state_dir=state_dir, env=env, trusted_keys=trusted_keys, interval_s=interval_s,
@@ -307,6 +332,7 @@ def start_agent(
         "gpus": gpus, "cluster_id": cluster_id, "namespace": namespace,
         "interval_s": interval_s, "pool": pool, "jobs": jobs, "probe_port": probe_port,
         "models": models, "trusted_keys": [str(Path(p).resolve()) for p in trusted_keys],
+        "report_master": str(master),
         "env": {k: v for k, v in child_env.items() if k.startswith(_LAUNCH_ENV_PREFIXES)},
     })
     tmp = pid_path(state_dir, node_id).with_suffix(".tmp")
@@ -353,6 +379,7 @@ def restart_agent(state_dir: Path, node_id: str, env: Mapping[str, str],
         interval_s=float(record["interval_s"]), pool=str(record.get("pool", "default")),
         jobs=record.get("jobs"), probe_port=record.get("probe_port"),
         models=record.get("models"),
+        report_master=Path(record["report_master"]) if record.get("report_master") else None,
     )
 
 

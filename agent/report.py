@@ -20,6 +20,8 @@ from agent.host import HostSampler
 from agent.jobs.kube_pods import KubePods
 from agent.jobs.runner import JobSource
 from agent.journal import Journal
+from agent.settings import AgentSettings
+from common.reportauth import NodeReportKey, read_node_key
 from schemas.envelope import IDENTIFIER_MAX, short_text
 from schemas.events.v1 import Fault, GpuMetrics, HostMetrics, NodeReport, PeerProbe, ServedModel
 
@@ -38,6 +40,26 @@ def no_peers() -> list[PeerProbe]:
 def no_models() -> list[ServedModel]:
     """The models of an agent that serves none."""
     return []
+
+
+def load_report_key(settings: AgentSettings) -> NodeReportKey | None:
+    """The node's report key; None (unsigned reports) only if none was configured or given.
+
+    A configured file that is missing, or a key for another node or cluster, stops the agent
+    at start: its reports would all be refused, and a wrong file is a mistake to see at once.
+    """
+    path = settings.report_key_path()
+    if not path.exists():
+        if settings.report_key_file is not None:
+            raise ValueError(f"AGENT_REPORT_KEY_FILE {path} does not exist")
+        log.warning("no report key at %s: reports go unsigned, and a collector that requires "
+                    "report MACs refuses them (unauthenticated_report)", path)
+        return None
+    key = read_node_key(path)
+    if (key.cluster_id, key.node_id) != (settings.cluster_id, settings.node_id):
+        raise ValueError(f"{path} is the report key of {key.cluster_id}/{key.node_id}, not of "
+                         f"{settings.cluster_id}/{settings.node_id}")
+    return key
 
 
 class Reporter:

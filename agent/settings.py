@@ -9,6 +9,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from agent.jobs.kube_node import DEFAULT_FAULTY
+from common.reportauth import NODE_KEY_FILE
 from common.settings import ServiceSettings
 from schemas.events.v1 import check_probe_address
 
@@ -52,6 +53,11 @@ class AgentSettings(ServiceSettings):
         description="A file of revoked key ids, one a line, read again when it changes: "
         "their commands are answered rejected revoked_kid.",
     )
+    report_key_file: Path | None = Field(
+        default=None,
+        description="The node's report key, given at enrolment (warden cluster report-key): "
+        "every report is signed with it. Default <agent state dir>/report.key; with no "
+        "file the reports go unsigned and a collector that requires MACs refuses them.")
     command_leeway_s: float = Field(default=30.0, ge=0.0, le=600.0)
     max_command_ttl_s: float = Field(default=300.0, gt=0.0, le=3_600.0)
     jobs: str = Field(
@@ -206,6 +212,12 @@ class AgentSettings(ServiceSettings):
         if self.agent_state_dir is not None:
             return self.agent_state_dir
         return Path(self.state_dir) / "agents" / self.cluster_id / self.node_id
+
+    def report_key_path(self) -> Path:
+        """Where the node's report key is (see report_key_file)."""
+        if self.report_key_file is not None:
+            return self.report_key_file
+        return self.node_state_dir() / NODE_KEY_FILE
 
     def checkpoint_store_dir(self) -> Path:
         """The shared checkpoint store."""

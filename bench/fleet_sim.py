@@ -43,6 +43,7 @@ from pydantic import ValidationError
 
 from common.errors import PermanentError
 from common.messaging import all_topic_names, ensure_topics, parse_event
+from common.reportauth import enrol_key
 from common.signing import CommandVerifier
 from schemas.envelope import short_text
 from schemas.events.v1 import (
@@ -203,6 +204,7 @@ class FleetSim:
         pool: str = "default",
         verifier: CommandVerifier | None = None,
         load_pct: float = 0.0,
+        report_master: bytes | None = None,
     ) -> None:
         if interval_s <= 0:
             raise ValueError("interval_s must be positive")
@@ -217,6 +219,10 @@ class FleetSim:
         # Without the centre's public key nothing can be checked, so nothing is answered:
         # a simulator that obeyed unsigned commands would test a weaker protocol than the real.
         self.verifier = verifier
+        # Each node signs its reports as a real agent does, with the key enrolment gives it
+        # (derived from the collector's master); without one the reports go unsigned.
+        self.report_keys = ({n: enrol_key(report_master, cluster, n) for n in node_ids}
+                            if report_master is not None else {})
         self.order = list(node_ids)
         self.nodes = {n: SimNode(n, load_pct=load_pct) for n in node_ids}
         self.stats = FleetStats()
@@ -348,9 +354,13 @@ class FleetSim:
             self.faulty_reports[event_id] = FaultyReport(node.node_id, event_id, sent_at, tags)
             for tag in tags:
                 self.first_sent.setdefault(tag, sent_at)
+        body = report.model_dump_json().encode()
+        headers = [("content-type", b"application/json"), ("event-type", b"node_report")]
+        key = self.report_keys.get(node.node_id)
+        if key is not None:
+            headers += [(name, value.encode()) for name, value in key.headers(body).items()]
         ack: asyncio.Future[RecordMetadata] = await producer.send(
-            reports, report.model_dump_json().encode(), key=node.node_id.encode(),
-            headers=[("content-type", b"application/json"), ("event-type", b"node_report")])
+            reports, body, key=node.node_id.encode(), headers=headers)
         return ack
 
     async def report_now(self, node: str) -> None:

@@ -383,7 +383,8 @@ async def _remediate(shape: Shape, bootstrap: str, redis_url: str, kubeconfig: s
             eviction_burst=shape.eviction_burst))
         sim = FleetSim(bootstrap, running.namespace, CLUSTER, nodes,
                        interval_s=shape.interval_s, load_pct=50.0,
-                       verifier=verifier_from_files(running.trusted_keys))
+                       verifier=verifier_from_files(running.trusted_keys),
+                       report_master=running.report_master)
         consumer = AIOKafkaConsumer(topic_name(Topic.OPS_TASK_EVENTS, running.namespace),
                                     bootstrap_servers=bootstrap, auto_offset_reset="earliest",
                                     enable_auto_commit=False)

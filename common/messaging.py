@@ -95,12 +95,18 @@ class EventBus:
 
     async def publish(self, topic: Topic, event: Envelope) -> None:
         """Publish and wait for the broker's acknowledgement."""
-        await self.broker.publish(
-            event.model_dump_json().encode(),
-            topic=self.name(topic),
-            key=event.subject.encode(),
-            headers=_headers(event),
-        )
+        await self.publish_sealed(topic, event, None)
+
+    async def publish_sealed(self, topic: Topic, event: Envelope,
+                             seal: Callable[[bytes], Mapping[str, str]] | None) -> None:
+        """Publish with the headers `seal` gives for the exact bytes sent (a node's report
+        MAC, common/reportauth.py), and wait for the broker's acknowledgement."""
+        body = event.model_dump_json().encode()
+        headers = _headers(event)
+        if seal is not None:
+            headers |= seal(body)
+        await self.broker.publish(body, topic=self.name(topic), key=event.subject.encode(),
+                                  headers=headers)
 
     async def publish_many(self, topic: Topic, events: Iterable[Envelope]) -> int:
         """Publish many events pipelined (the producer batches them), then await every ack."""

@@ -92,7 +92,8 @@ async def replay_philly(args: argparse.Namespace, bootstrap: str,
 
     async with stack(bootstrap, redis_url, "philly", plan.nodes, settings, args.keep) as run:
         sim = FleetSim(bootstrap, run.namespace, CLUSTER, plan.nodes, interval_s=interval,
-                       verifier=verifier_from_files(run.trusted_keys))
+                       verifier=verifier_from_files(run.trusted_keys),
+                       report_master=run.report_master)
         ready_s, t0 = await _drive(args, run, sim, plan, rows)
         seen = run.tap.seen
         namespace = run.namespace

@@ -19,6 +19,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from bench.common import percentile
 from bench.fleet_sim import drop_namespace
 from common.messaging import ensure_topics
+from common.reportauth import ensure_master, master_path
 from common.signing import ensure_signer_keys
 from schemas.envelope import Envelope
 from schemas.events.v1 import NodeState, OpsNeed, PoolHealth
@@ -148,6 +149,7 @@ class Stack:
     tap: Tap
     trusted_keys: list[Path]
     lag: LagSampler
+    report_master: bytes  # the collector's, which the simulated nodes' report keys come from
 
     def check(self) -> None:
         dead = launcher.dead_services(self.services)
@@ -185,6 +187,7 @@ async def stack(bootstrap: str, redis_url: str, label: str, nodes: Sequence[str]
     # The signers' key pairs exist before the collector starts, so the collector signs
     # probes with its own and the simulated fleet can verify them.
     trusted = ensure_signer_keys(state / "keys")
+    master = ensure_master(master_path("", state))
     await register(redis_url, namespace, cluster, nodes)
     services: list[launcher.ServiceProcess] = []
     tap = Tap(bootstrap, namespace)
@@ -193,7 +196,7 @@ async def stack(bootstrap: str, redis_url: str, label: str, nodes: Sequence[str]
         services = launcher.start_services(state, env, services_run)
         await tap.start()
         await lag.start()
-        yield Stack(namespace, state, services, tap, trusted, lag)
+        yield Stack(namespace, state, services, tap, trusted, lag, master)
     finally:
         launcher.stop_services(services)
         await lag.stop()

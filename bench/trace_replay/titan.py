@@ -79,7 +79,8 @@ async def replay_titan(args: argparse.Namespace, bootstrap: str,
         # A steady, mid-range load: only fault data should raise anything in this replay.
         sim = FleetSim(bootstrap, run.namespace, CLUSTER, window.nodes,
                        interval_s=window.interval,
-                       verifier=verifier_from_files(run.trusted_keys))
+                       verifier=verifier_from_files(run.trusted_keys),
+                       report_master=run.report_master)
         for node in window.nodes:
             sim.set_load(node, clamp_pct(args.titan_load_pct + offsets[node]))
         await sim.start()

@@ -18,6 +18,7 @@ from common.clock import Clock
 from common.deadletter import DeadLetterPolicy, classify, records_of
 from common.errors import PermanentError
 from common.messaging import BulkPublisher, EventBus, parse_event
+from common.reportauth import UNAUTHENTICATED, ReportAuthenticator
 from common.signing import CommandSigner
 from schemas.envelope import short_text
 from schemas.events.v1 import (
@@ -74,8 +75,11 @@ class Collector:
         prober: Prober | None = None,
         clock: Clock = now_utc,
         peers: PeerWatch | None = None,
+        authenticator: ReportAuthenticator | None = None,
     ) -> None:
         self.settings = settings
+        # None: nothing is checked (unit tests of the state logic); the app always has one.
+        self.authenticator = authenticator
         self.clock = clock
         self.probes = probes
         self.prober = prober
@@ -103,6 +107,12 @@ class Collector:
                 await self.dead_letters.dead_letter(record, reason, detail)
                 outcomes[f"dead_letter:{reason}"] += 1
                 continue
+            refusal = self._unauthentic(report, record)
+            if refusal is not None:
+                # Before anything is read from it: a forged report touches no state.
+                await self._refuse(report, record, UNAUTHENTICATED, refusal)
+                outcomes[f"dead_letter:{UNAUTHENTICATED}"] += 1
+                continue
             verdict = policy.timestamp_verdict(
                 report.occurred_at, now, self.settings.future_skew_s, self.settings.stale_after_s
             )
@@ -113,7 +123,10 @@ class Collector:
                 outcomes[verdict] += 1
                 continue
             if policy.seq_ahead_of_clock(report.seq, now, self.settings.future_skew_s):
-                await self._refuse_seq(report, record)
+                await self._refuse(report, record, "implausible_seq", (
+                    f"seq {report.seq} of node {report.node_id!r} is ahead of this "
+                    f"collector's clock by more than {self.settings.future_skew_s:g} s: "
+                    "not adopted"))
                 outcomes["dead_letter:implausible_seq"] += 1
                 continue
             usable.append(UsableReport(report, state_from_mode(report.mode), record,
@@ -123,19 +136,29 @@ class Collector:
         for outcome, count in outcomes.items():
             self.reports_counter.add(count, {"outcome": outcome})
 
-    async def _refuse_seq(self, report: NodeReport, record: ConsumerRecord[Any, Any]) -> None:
-        """Dead-letters a report whose seq is ahead of the clock, never adopting it, and
-        tells a person once a window per node: someone is sending reports in its name."""
-        detail = (f"seq {report.seq} of node {report.node_id!r} is ahead of this collector's "
-                  f"clock by more than {self.settings.future_skew_s:g} s: not adopted")
+    def _unauthentic(self, report: NodeReport, record: ConsumerRecord[Any, Any]) -> str | None:
+        """Why the report is not its node's own (its MAC), or None if it is (or unchecked)."""
+        if self.authenticator is None:
+            return None
+        headers = record.headers or ()
+        if not self.settings.require_report_mac and not self.authenticator.signed(headers):
+            return None  # an old agent that cannot sign yet, while migrating
+        return self.authenticator.refusal(report.cluster_id, report.node_id,
+                                          record.value or b"", headers)
+
+    async def _refuse(self, report: NodeReport, record: ConsumerRecord[Any, Any], reason: str,
+                      detail: str) -> None:
+        """Dead-letters a report that someone may be sending in its node's name, never
+        adopting it, and tells a person once a window per node and reason."""
         log.warning("report %s refused: %s", report.event_id, detail)
-        await self.dead_letters.dead_letter(record, "implausible_seq", detail)
-        key = f"implausible-seq.{report.cluster_id}.{report.node_id}"
+        await self.dead_letters.dead_letter(record, reason, detail)
+        kind = "implausible_report" if reason == "implausible_seq" else reason
+        key = f"{reason.replace('_', '-')}.{report.cluster_id}.{report.node_id}"
         if await self.store.first_alert(key, self.settings.bad_input_alert_window_s):
             await self.bus.publish_many(Topic.OPS_ALERTS, [Alert(
                 event_id=uuid4(), source=SOURCE, occurred_at=self.clock(),
                 cluster_id=report.cluster_id, subject=report.node_id, severity="warning",
-                kind="implausible_report", dedup_key=key, message=short_text(detail))])
+                kind=kind, dedup_key=key, message=short_text(detail))])
 
     async def apply(self, usable: list[UsableReport], outcomes: Counter[str],
                     now: datetime) -> None:

@@ -16,7 +16,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from agent import fleet
 from common.messaging import delete_topics, ensure_topics
-from schemas.events.v1 import OpsNeed, TaskEvent
+from common.reportauth import enrol_key, ensure_master, master_path
+from schemas.events.v1 import NodeReport, OpsNeed, TaskEvent
 from schemas.topics import Topic, topic_name
 from services.shared.registry import register
 from tests.ports import free_port
@@ -149,6 +150,15 @@ SMALL_POOL_SAFETY = {
     "SCHEDULER_SHORT_CIRCUIT_UNHEALTHY_FRACTION": "0.5",
     "SCHEDULER_OFFLINE_BUDGET_FRACTION": "1.0",
 }
+
+
+def signed(report: NodeReport, state_dir: Path) -> tuple[bytes, list[tuple[str, bytes]]]:
+    """A report's bytes and the headers its own node's key gives them, as its agent sends
+    them (the key enrolment derives from the master of the collector run in `state_dir`)."""
+    key = enrol_key(ensure_master(master_path("", state_dir)), report.cluster_id,
+                    report.node_id)
+    body = report.model_dump_json().encode()
+    return body, [(k, v.encode()) for k, v in key.headers(body).items()]
 
 
 def stack_env(bootstrap: str, redis_url: str, namespace: str, state_dir: Path,

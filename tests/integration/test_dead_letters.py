@@ -15,6 +15,7 @@ from schemas.topics import Topic, dead_letter_name
 from services.shared.redis_client import Keys, text
 from services.shared.registry import register
 from tests.contracts.examples import example
+from tests.integration import harness
 from tests.integration.harness import Record, Tap, name, producer, services, stack_env, tap
 
 
@@ -79,12 +80,16 @@ async def test_bad_reports_are_dead_lettered_and_the_next_good_one_is_processed(
             for _, body, _ in BAD_REPORTS:
                 sent.append(await prod.send_and_wait(reports_topic, body, key=b"node-002",
                                                      partition=0))
-            mismatch = await prod.send_and_wait(
-                reports_topic, good.model_dump_json().encode(), key=b"node-001", partition=0)
-            unknown = await prod.send_and_wait(
-                reports_topic, stranger.model_dump_json().encode(), key=b"node-666", partition=0)
-            await prod.send_and_wait(reports_topic, good.model_dump_json().encode(),
-                                     key=b"node-002", partition=0)
+            body, mac = harness.signed(good, tmp_path)
+            mismatch = await prod.send_and_wait(reports_topic, body, key=b"node-001",
+                                                partition=0, headers=mac)
+            # Signed with its own key (derivable for any name), so it is its enrolment
+            # that is missing.
+            stranger_body, stranger_mac = harness.signed(stranger, tmp_path)
+            unknown = await prod.send_and_wait(reports_topic, stranger_body, key=b"node-666",
+                                               partition=0, headers=stranger_mac)
+            await prod.send_and_wait(reports_topic, body, key=b"node-002", partition=0,
+                                     headers=mac)
 
         async with tap(kafka_bootstrap, dead_letter_name(reports_topic)) as dlt:
             for i in range(len(BAD_REPORTS) + 2):
@@ -133,12 +138,13 @@ async def test_reports_with_a_seq_ahead_of_the_clock_are_refused_and_genuine_one
     async with services(env, tmp_path, ("collector",)), \
             tap(kafka_bootstrap, name(Topic.OPS_ALERTS, namespace)) as alerts:
         async with producer(kafka_bootstrap) as prod:
-            for report in forged:
-                await prod.send_and_wait(reports_topic, report.model_dump_json().encode(),
-                                         key=b"node-002", partition=0)
+            # Signed with node-002's own key (a node that lost it, or a broken agent):
+            # without it they would not get as far as their seq (unauthenticated_report).
             after = genuine()
-            await prod.send_and_wait(reports_topic, after.model_dump_json().encode(),
-                                     key=b"node-002", partition=0)
+            for report in [*forged, after]:
+                body, mac = harness.signed(report, tmp_path)
+                await prod.send_and_wait(reports_topic, body, key=b"node-002", partition=0,
+                                         headers=mac)
         async with tap(kafka_bootstrap, dead_letter_name(reports_topic)) as dlt:
             await dlt.wait_for(holds_more_than(dlt, 2), 90, "three dead letters")
         reasons = [dict(r.headers)["dlt-reason"].decode() for r in dlt.records]

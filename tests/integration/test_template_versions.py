@@ -27,6 +27,7 @@ from tests.integration.harness import (
     name,
     producer,
     services,
+    signed,
     stack_env,
     tap,
     until,
@@ -151,16 +152,16 @@ async def test_an_api_edit_and_a_rollback_reach_the_running_templater(
         assert "jobs_per_run" not in diff
 
 
-async def feed(bootstrap: str, namespace: str, start_seq: int, rounds: int,
+async def feed(bootstrap: str, namespace: str, state: Path, start_seq: int, rounds: int,
                throughput: float) -> int:
     async with producer(bootstrap) as prod:
         seq = start_seq
         for _ in range(rounds):
             seq += 1
             for node in NODES:
-                await prod.send_and_wait(name(Topic.NODE_REPORTS, namespace),
-                                         report(node, seq, throughput).model_dump_json().encode(),
-                                         key=node.encode())
+                body, mac = signed(report(node, seq, throughput), state)
+                await prod.send_and_wait(name(Topic.NODE_REPORTS, namespace), body,
+                                         key=node.encode(), headers=mac)
     return seq
 
 
@@ -187,7 +188,7 @@ async def test_the_tuner_halves_the_scale_out_step_once_nodes_deliver_twice_as_m
 
             # Pinned: the measures say 200 per node (twice 100), but nothing is tuned.
             await api.post("/api/templates/scale_out/pin", {"reason": "audit week"})
-            seq = await feed(kafka_bootstrap, namespace, 0, 6, 200.0)
+            seq = await feed(kafka_bootstrap, namespace, tmp_path, 0, 6, 200.0)
             def would_have() -> bool:
                 return any("would have set" in line and "nodes_per_scale_out 2 -> 1" in line
                            for line in tuner_log.read_text(errors="replace").splitlines())
@@ -197,7 +198,7 @@ async def test_the_tuner_halves_the_scale_out_step_once_nodes_deliver_twice_as_m
                 assert [v.version for v in await history(session, "scale_out")] == [2, 1]
 
             await api.post("/api/templates/scale_out/unpin", {"reason": "audit over"})
-            await feed(kafka_bootstrap, namespace, seq, 2, 200.0)
+            await feed(kafka_bootstrap, namespace, tmp_path, seq, 2, 200.0)
 
             async def tuned() -> bool:
                 async with store.session() as session:

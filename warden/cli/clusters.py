@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from common.reportauth import enrol_key, ensure_master, master_path, write_node_key
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.registry import (
     BACKEND_KINDS,
@@ -15,7 +18,7 @@ from services.shared.registry import (
     cluster_backend,
     name_backend,
 )
-from warden.cli.common import enrol, identifier, print_json, service_settings
+from warden.cli.common import enrol, identifier, print_json, service_settings, state_dir
 
 app = typer.Typer(help="A cluster's backend (local agents or Kubernetes) and its nodes.",
                   no_args_is_help=True)
@@ -76,3 +79,19 @@ def show() -> None:
 
     config = asyncio.run(read())
     print_json({"cluster": settings.cluster_id, **config.__dict__})
+
+
+@app.command("report-key")
+def report_key(
+    node: Annotated[str, typer.Argument(help="The node's id (its agent's AGENT_NODE_ID).")],
+    out: Annotated[Path, typer.Option(
+        help="Where to write the node's key (owner-only): the file its agent is given as "
+             "AGENT_REPORT_KEY_FILE.")],
+) -> None:
+    """Write NODE's report key (of WARDEN_CLUSTER_ID), derived from the collector's master
+    (COLLECTOR_REPORT_MASTER_KEY, else <state>/keys/report-master.key, made if missing)."""
+    settings = service_settings()
+    master = master_path(os.environ.get("COLLECTOR_REPORT_MASTER_KEY", ""), state_dir(settings))
+    key = enrol_key(ensure_master(master), settings.cluster_id, identifier(node))
+    write_node_key(out, key)
+    typer.echo(f"report key of {settings.cluster_id}/{key.node_id} (master {key.kid}): {out}")
