@@ -7,7 +7,7 @@ Layout under a fleet's state directory:
     agents/<node>/jobs.json      the jobs the node owns (see agent.jobs.table)
     agents/<node>/probe.addr     its peer-probe listener (see agent.peers)
     agents/<node>/launch.json    how it was started, so `restart_agent` can start it again
-    agents/<node>/report.key     the node's report key, given at its first start (enrolment)
+    agents/<node>/report.key     the node's report key, written as it starts (its enrolment)
     agents/<node>/jobs/<job>/    status.json, checkpoint.npz, job.pid, job.log of a job
     checkpoints/<job>/           checkpoint.npz, meta.json: the shared checkpoint store
                                  (AGENT_CHECKPOINT_STORE) migrations go through
