@@ -63,10 +63,6 @@ def digest(message: Envelope) -> str:
     return hashlib.sha256(message.model_dump_json().encode()).hexdigest()
 
 
-def task_digest(task: OpsTask) -> str:
-    return digest(task)
-
-
 @dataclass(frozen=True)
 class DispatchCheck:
     verdict: Verdict
@@ -77,8 +73,8 @@ def judge(record: str | None, task: OpsTask, epoch: int) -> DispatchCheck:
     """What a dispatch of `task` with `epoch` is, given the scheduler's record (pure)."""
     if record is None:
         return DispatchCheck("refused", f"no dispatch of task {task.task_id} is recorded")
-    recorded_epoch, _, digest = record.partition(":")
-    if digest != task_digest(task):
+    recorded_epoch, _, recorded_digest = record.partition(":")
+    if recorded_digest != digest(task):
         return DispatchCheck("refused", f"task {task.task_id} differs from the one dispatched")
     if not recorded_epoch.isdigit() or epoch > int(recorded_epoch):
         return DispatchCheck("refused", f"epoch {epoch} of task {task.task_id} was never "
@@ -95,7 +91,7 @@ class Dispatches:
     async def issue(self, task: OpsTask, ttl_s: float) -> int:
         """The next epoch, recorded as `task`'s dispatch (the scheduler's, at dispatch)."""
         return int(await self._issue(keys=[self.keys.epoch(), self.keys.dispatch(
-            str(task.task_id))], args=[task_digest(task), max(1, int(ttl_s * 1000))]))
+            str(task.task_id))], args=[digest(task), max(1, int(ttl_s * 1000))]))
 
     async def check(self, task: OpsTask, epoch: int) -> DispatchCheck:
         """The executor's check of a dispatch it received."""

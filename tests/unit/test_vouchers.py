@@ -5,7 +5,7 @@ from __future__ import annotations
 from uuid import uuid4
 
 from schemas.events.v1 import DrainNode, OpsTask, Step, now_utc
-from services.shared.vouchers import judge, task_digest
+from services.shared.vouchers import digest, judge
 
 
 def task() -> OpsTask:
@@ -19,16 +19,16 @@ def task() -> OpsTask:
 
 def test_only_the_recorded_task_with_an_epoch_the_scheduler_issued_is_acted_on() -> None:
     t = task()
-    record = f"41:{task_digest(t)}"
+    record = f"41:{digest(t)}"
     assert judge(record, t, 41).verdict == "genuine"
     assert judge(record, t, 40).verdict == "earlier"  # redelivered: the journal says stale
     assert judge(record, t, 42).verdict == "refused"
     assert judge(record, t, 2**63 - 1).verdict == "refused"
     assert judge(None, t, 41).verdict == "refused"
-    assert judge(f"41:{task_digest(task())}", t, 41).verdict == "refused"
+    assert judge(f"41:{digest(task())}", t, 41).verdict == "refused"
     assert judge("garbage", t, 41).verdict == "refused"
 
 
 def test_the_digest_survives_the_trip_through_the_broker() -> None:
     t = task()
-    assert task_digest(OpsTask.model_validate_json(t.model_dump_json())) == task_digest(t)
+    assert digest(OpsTask.model_validate_json(t.model_dump_json())) == digest(t)

@@ -110,9 +110,13 @@ class KubernetesBackend:
                                        dry_run=dry_run)
 
     async def shortfall_gpus(self, pool: str) -> int:
-        """The GPUs the pool's pending pods want beyond those on their way (queued_demand)."""
-        demand = {d.pool: d.gpus for d in await self.queued_demand(self.default_pool)}
-        return demand.get(pool, 0)
+        """The GPUs the pool's pending pods want beyond those on their way (as queued_demand
+        reports it, for this pool alone)."""
+        queued = queued_by_pool(list(self.cache.pods.values()), self.default_pool)
+        if pool not in queued:
+            return 0
+        coming = standby_on_the_way(list(self.cache.nodes.values()))
+        return (await self._pool_demand(pool, *queued[pool], coming, self.default_pool)).gpus
 
     async def remove_capacity(self, pool: str, nodes: tuple[str, ...], step: StepRef, *,
                               count: int = 0, timeout_s: float = 60.0,
@@ -133,10 +137,14 @@ class KubernetesBackend:
         nodes added and not arrived, or a MachineDeployment's machines without a Node yet."""
         queued = queued_by_pool(list(self.cache.pods.values()), default_pool)
         coming = standby_on_the_way(list(self.cache.nodes.values()))
-        answers = []
-        for pool, (items, gpus) in sorted(queued.items()):
-            on_the_way = coming.get(pool, 0)
-            if self.capacity.kind == "machinedeployment" and gpus > 0:
-                on_the_way += await self._machines.on_the_way(pool, default_pool)
-            answers.append(net_demand(pool, items, gpus, on_the_way))
-        return tuple(answers)
+        return tuple([await self._pool_demand(pool, items, gpus, coming, default_pool)
+                      for pool, (items, gpus) in sorted(queued.items())])
+
+    async def _pool_demand(self, pool: str, items: int, gpus: int, coming: dict[str, int],
+                           default_pool: str) -> PoolDemand:
+        """One pool's pending pods net of its standby nodes `coming` and, with Cluster API
+        capacity, its MachineDeployment's machines without a Node yet."""
+        on_the_way = coming.get(pool, 0)
+        if self.capacity.kind == "machinedeployment" and gpus > 0:
+            on_the_way += await self._machines.on_the_way(pool, default_pool)
+        return net_demand(pool, items, gpus, on_the_way)
