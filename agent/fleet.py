@@ -36,7 +36,13 @@ from agent.faults import FaultPlan, clear_fault_file, read_faults, write_faults
 from agent.jobs.processes import JOBS_DIR
 from agent.jobs.processes import PID_FILE as JOB_PID_FILE
 from agent.settings import CHECKPOINTS_DIR
-from common.reportauth import NODE_KEY_FILE, enrol_key, ensure_master, master_path, write_node_key
+from common.reportauth import (
+    NODE_KEY_FILE,
+    configured_master,
+    enrol_key,
+    ensure_master,
+    write_node_key,
+)
 
 log = logging.getLogger("clusterwarden.agent.fleet")
 
@@ -87,8 +93,7 @@ def report_key_path(state_dir: Path, node_id: str) -> Path:
 def centre_master(env: Mapping[str, str], state_dir: Path) -> Path:
     """The collector's report master of the stack `env` describes (its state dir's, unless
     configured): the one a local agent's report key must come from."""
-    return master_path(env.get("COLLECTOR_REPORT_MASTER_KEY", ""),
-                       env.get("WARDEN_STATE_DIR") or state_dir)
+    return configured_master(env, env.get("WARDEN_STATE_DIR") or state_dir)
 
 
 def enrol_report_key(state_dir: Path, node_id: str, cluster_id: str, master: Path) -> Path:

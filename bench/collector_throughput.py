@@ -153,7 +153,7 @@ async def run_case(bootstrap: str, redis_url: str, nodes: int, processes: int,
     env = {"KAFKA_BOOTSTRAP_SERVERS": bootstrap, "REDIS_URL": redis_url,
            "WARDEN_NAMESPACE": namespace, "WARDEN_CLUSTER_ID": "bench",
            "WARDEN_STATE_DIR": str(state), "WARDEN_LOG_LEVEL": "WARNING",
-           "COLLECTOR_REQUIRE_REPORT_MAC": "true" if mac else "false",
+           "WARDEN_REQUIRE_REPORT_MAC": "true" if mac else "false",
            # The benchmark's reports are all from one instant; none may go stale mid-run.
            "COLLECTOR_STALE_AFTER_S": "3600"}
     running = []

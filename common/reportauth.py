@@ -27,12 +27,16 @@ import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from uuid import uuid4
 
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from common.signing import b64url, unb64url
+
+if TYPE_CHECKING:
+    from common.settings import ReportReaderSettings
 
 MAC_HEADER = "report-mac"
 KID_HEADER = "report-kid"
@@ -134,6 +138,16 @@ def master_path(configured: str, state_dir: str | Path) -> Path:
     return Path(configured) if configured else Path(state_dir) / "keys" / MASTER_FILE
 
 
+# Where a deployment names its master: the name the collector and the router share first, the
+# collector's own of earlier releases second.
+MASTER_ENV = ("WARDEN_REPORT_MASTER_KEY", "COLLECTOR_REPORT_MASTER_KEY")
+
+
+def configured_master(env: Mapping[str, str], state_dir: str | Path) -> Path:
+    """The master file the environment `env` names, else the state folder's."""
+    return master_path(next((env[name] for name in MASTER_ENV if env.get(name)), ""), state_dir)
+
+
 def write_node_key(path: Path, key: NodeReportKey) -> Path:
     _write_private(path, (key.to_json() + "\n").encode(), replace=True)
     return path
@@ -195,3 +209,23 @@ class ReportAuthenticator:
     def signed(headers: Iterable[tuple[str, bytes]]) -> bool:
         """True if the report carries a MAC at all (checked even when not required)."""
         return any(key == MAC_HEADER for key, _ in headers)
+
+    def check(self, cluster_id: str, node_id: str, body: bytes,
+              headers: Iterable[tuple[str, bytes]], *, required: bool) -> str | None:
+        """Why the report may not be read as its node's own, or None if it may: its MAC must
+        be right, and, unless MACs are `required`, an unsigned report passes (an old agent
+        that cannot sign yet, while a deployment migrates)."""
+        pairs = list(headers)
+        if not required and not self.signed(pairs):
+            return None
+        return self.refusal(cluster_id, node_id, body, pairs)
+
+
+def authenticator_for(settings: ReportReaderSettings) -> ReportAuthenticator:
+    """The authenticator of a service that reads reports: the current master (made in the
+    state folder if none is configured and none is there yet) and the retired ones of a
+    rotation, so nodes whose keys are under either are read."""
+    current = ensure_master(master_path(settings.report_master_key, settings.state_dir))
+    retired = [load_master(Path(item.strip()))
+               for item in settings.report_retired_master_keys.split(",") if item.strip()]
+    return ReportAuthenticator([current, *retired])

@@ -124,3 +124,27 @@ class ServiceSettings(BaseSettings):
             raise ValueError(f"KAFKA_SECURITY_PROTOCOL={self.kafka_security_protocol} needs "
                              "KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD")
         return self
+
+
+class ReportReaderSettings(ServiceSettings):
+    """Settings of a service that reads the agents' reports and so checks their MACs."""
+
+    require_report_mac: bool = Field(
+        default=True,
+        validation_alias=AliasChoices("WARDEN_REQUIRE_REPORT_MAC", "COLLECTOR_REQUIRE_REPORT_MAC",
+                                      "require_report_mac"),
+        description="Reports must carry their node's MAC (report-mac, report-kid headers) for "
+        "the collector and the router to read them; off only while old agents that cannot sign "
+        "are upgraded (a MAC that is there is still checked).")
+    report_master_key: str = Field(
+        default="",
+        validation_alias=AliasChoices("WARDEN_REPORT_MASTER_KEY", "COLLECTOR_REPORT_MASTER_KEY",
+                                      "report_master_key"),
+        description="The secret node report keys are derived from; empty: "
+        "<state_dir>/keys/report-master.key (made if missing).")
+    report_retired_master_keys: str = Field(
+        default="",
+        validation_alias=AliasChoices("WARDEN_REPORT_RETIRED_MASTER_KEYS",
+                                      "report_retired_master_keys"),
+        description="Comma-separated files of earlier report masters, still accepted while "
+        "nodes move to keys of the current one (a rotation); empty: none.")

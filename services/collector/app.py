@@ -6,7 +6,7 @@ from faststream import FastStream
 
 from common.kafka_access import client_options
 from common.messaging import BulkPublisher, EventBus, make_broker, subscribe
-from common.reportauth import ReportAuthenticator, ensure_master, master_path
+from common.reportauth import authenticator_for
 from common.signing import local_signer
 from common.telemetry import setup_telemetry
 from schemas.topics import Topic
@@ -47,8 +47,7 @@ def create_app(settings: CollectorSettings | None = None) -> FastStream:
         probes,
         prober,
         peers=peers,
-        authenticator=ReportAuthenticator(
-            [ensure_master(master_path(settings.report_master_key, settings.state_dir))]),
+        authenticator=authenticator_for(settings),
     )
     subscribe(broker, settings, Topic.NODE_REPORTS, "collector", collector.on_reports,
               batch_records=settings.batch_max_records)

@@ -140,11 +140,9 @@ class Collector:
         """Why the report is not its node's own (its MAC), or None if it is (or unchecked)."""
         if self.authenticator is None:
             return None
-        headers = record.headers or ()
-        if not self.settings.require_report_mac and not self.authenticator.signed(headers):
-            return None  # an old agent that cannot sign yet, while migrating
-        return self.authenticator.refusal(report.cluster_id, report.node_id,
-                                          record.value or b"", headers)
+        return self.authenticator.check(report.cluster_id, report.node_id, record.value or b"",
+                                        record.headers or (),
+                                        required=self.settings.require_report_mac)
 
     async def _refuse(self, report: NodeReport, record: ConsumerRecord[Any, Any], reason: str,
                       detail: str) -> None:

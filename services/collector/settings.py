@@ -3,11 +3,11 @@
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from common.settings import ServiceSettings
+from common.settings import ReportReaderSettings
 from schemas.events.v1.values import REPORT_CLOCK_SKEW_S
 
 
-class CollectorSettings(ServiceSettings):
+class CollectorSettings(ReportReaderSettings):
     """How reports are batched, which timestamps are usable, and when a silent node is down."""
 
     model_config = SettingsConfigDict(env_prefix="COLLECTOR_", extra="ignore", frozen=True)
@@ -34,15 +34,6 @@ class CollectorSettings(ServiceSettings):
         description="PEM Ed25519 private key of the collector's commands (probes, peers, report "
         "intervals); empty: <state_dir>/keys/collector.key (made if missing).",
     )
-    require_report_mac: bool = Field(
-        default=True,
-        description="Reports must carry their node's MAC (report-mac, report-kid headers); "
-        "off only while old agents that cannot sign are upgraded (a MAC that is there is "
-        "still checked).")
-    report_master_key: str = Field(
-        default="",
-        description="The secret node report keys are derived from; empty: "
-        "<state_dir>/keys/report-master.key (made if missing).")
     day_interval_s: float | None = Field(
         default=None, ge=0.5, le=3_600.0,
         description="Report interval the centre sets by day (with night_interval_s; off if unset).",

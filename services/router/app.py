@@ -11,6 +11,7 @@ from __future__ import annotations
 from faststream import FastStream
 
 from common.messaging import EventBus, make_broker, subscribe
+from common.reportauth import authenticator_for
 from common.signing import local_signer
 from common.telemetry import setup_telemetry
 from schemas.topics import Topic
@@ -39,7 +40,8 @@ def create_app(settings: RouterSettings | None = None) -> FastStream:
         StatsStore(keys, settings.stats_ttl_s),
     )
     limit = settings.max_message_bytes
-    feed = ReportFeed(router.registry, dead_letters, limit)
+    feed = ReportFeed(router.registry, dead_letters, limit, authenticator_for(settings),
+                      require_mac=settings.require_report_mac)
     subscribe(broker, settings, Topic.ML_TASKS_SUBMITTED, "router", router.on_submitted)
     subscribe(broker, settings, Topic.NODE_COMMAND_RESULTS, "router-results", router.on_result)
     subscribe(broker, settings, Topic.NODE_REPORTS, "router-registry", feed.on_reports,

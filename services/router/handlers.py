@@ -35,6 +35,7 @@ from common.clock import EpochClock
 from common.deadletter import DeadLetterPolicy, classify, records_of
 from common.errors import PermanentError
 from common.messaging import EventBus, parse_event
+from common.reportauth import UNAUTHENTICATED, ReportAuthenticator
 from common.signing import CommandSigner
 from schemas.catalog import TOPIC_MODELS
 from schemas.envelope import Envelope, short_text
@@ -551,13 +552,21 @@ def waiting_by_pool(waiting: Mapping[bytes | str, bytes | str],
 
 
 class ReportFeed:
-    """The agents' reports, consumed in batches, feed the model registry."""
+    """The agents' reports, consumed in batches, feed the model registry.
+
+    A report's models decide where ML tasks run, so, as at the collector, a report counts only
+    with its node's MAC (common/reportauth.py): a forged report could otherwise announce a
+    model on a node that does not serve it, or take one away, and steer tasks.
+    """
 
     def __init__(self, registry: Registry, dead_letters: DeadLetterPolicy,
-                 max_message_bytes: int) -> None:
+                 max_message_bytes: int, authenticator: ReportAuthenticator | None = None,
+                 *, require_mac: bool = True) -> None:
         self.registry = registry
         self.dead_letters = dead_letters
         self.max_message_bytes = max_message_bytes
+        self.authenticator = authenticator
+        self.require_mac = require_mac
 
     async def on_reports(self, bodies: list[bytes], msg: KafkaMessage) -> None:
         """A batch of raw reports: each one validated on its own, the valid ones applied to
@@ -566,11 +575,20 @@ class ReportFeed:
         invalid: list[tuple[ConsumerRecord[Any, Any], str, str]] = []
         for item in records_of(msg.raw_message):
             try:
-                reports.append(parse_event(NodeReport, item.value or b"", item.key,
-                                           self.max_message_bytes))
+                report = parse_event(NodeReport, item.value or b"", item.key,
+                                     self.max_message_bytes)
             except (PermanentError, ValidationError) as err:
                 _, reason, detail = classify(err)
                 invalid.append((item, reason, detail))
+                continue
+            refusal = None if self.authenticator is None else self.authenticator.check(
+                report.cluster_id, report.node_id, item.value or b"", item.headers or (),
+                required=self.require_mac)
+            if refusal is not None:
+                # The collector alerts a person once per node; the router only keeps it out.
+                invalid.append((item, UNAUTHENTICATED, refusal))
+                continue
+            reports.append(report)
         # Applied first: if Redis is down the batch comes again (applying it twice changes
         # nothing) without having dead-lettered its invalid items once per delivery.
         await self.registry.apply(reports)

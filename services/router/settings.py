@@ -5,11 +5,11 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from common.settings import ServiceSettings
+from common.settings import ReportReaderSettings
 from services.router.policy.config import SelectorConfig
 
 
-class RouterSettings(ServiceSettings):
+class RouterSettings(ReportReaderSettings):
     """How attempts are timed, how the registry ages, and the selector's configuration."""
 
     model_config = SettingsConfigDict(env_prefix="ROUTER_", extra="ignore", frozen=True,

@@ -15,6 +15,8 @@ from common.reportauth import (
     KID_HEADER,
     MAC_HEADER,
     ReportAuthenticator,
+    authenticator_for,
+    configured_master,
     derive_node_key,
     enrol_key,
     ensure_master,
@@ -23,6 +25,7 @@ from common.reportauth import (
     read_node_key,
     write_node_key,
 )
+from common.settings import ReportReaderSettings
 
 pytestmark = pytest.mark.unit
 
@@ -111,6 +114,45 @@ def test_during_a_rotation_keys_under_either_master_pass() -> None:
     for master in (MASTER, new):
         key = enrol_key(master, "east", "node-002")
         assert check.refusal("east", "node-002", BODY, wire(key.headers(BODY))) is None
+
+
+def test_a_reader_holds_the_configured_master_and_the_retired_ones(tmp_path: Path) -> None:
+    old, new = tmp_path / "old.key", tmp_path / "new.key"
+    ensure_master(old), ensure_master(new)
+    settings = ReportReaderSettings(state_dir=str(tmp_path / "state"),
+                                    report_master_key=str(new),
+                                    report_retired_master_keys=f" {old}, ")
+    check = authenticator_for(settings)
+    for path in (old, new):
+        key = enrol_key(load_master(path), "east", "node-002")
+        assert check.refusal("east", "node-002", BODY, wire(key.headers(BODY))) is None
+    # Retired no more: reports under the old master are refused from the next start.
+    current_only = authenticator_for(ReportReaderSettings(
+        state_dir=str(tmp_path / "state"), report_master_key=str(new)))
+    key = enrol_key(load_master(old), "east", "node-002")
+    assert current_only.refusal("east", "node-002", BODY, wire(key.headers(BODY))) is not None
+
+
+def test_the_master_is_named_by_the_shared_variable_or_the_collectors_older_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert configured_master({}, tmp_path) == tmp_path / "keys" / "report-master.key"
+    assert configured_master({"COLLECTOR_REPORT_MASTER_KEY": "/a"}, tmp_path) == Path("/a")
+    assert configured_master({"COLLECTOR_REPORT_MASTER_KEY": "/a",
+                              "WARDEN_REPORT_MASTER_KEY": "/b"}, tmp_path) == Path("/b")
+    monkeypatch.setenv("COLLECTOR_REQUIRE_REPORT_MAC", "false")
+    monkeypatch.setenv("COLLECTOR_REPORT_MASTER_KEY", "/a")
+    older = ReportReaderSettings()
+    assert (older.require_report_mac, older.report_master_key) == (False, "/a")
+    monkeypatch.setenv("WARDEN_REPORT_MASTER_KEY", "/b")
+    assert ReportReaderSettings().report_master_key == "/b"
+
+
+def test_unsigned_reports_pass_only_while_macs_are_not_required() -> None:
+    check = ReportAuthenticator([MASTER])
+    assert check.check("east", "node-002", BODY, wire({}), required=True) is not None
+    assert check.check("east", "node-002", BODY, wire({}), required=False) is None
+    forged = enrol_key(MASTER, "east", "node-001").headers(BODY)
+    assert check.check("east", "node-002", BODY, wire(forged), required=False) is not None
 
 
 def test_signed_says_whether_a_mac_is_there_at_all() -> None:

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from common.reportauth import enrol_key, ensure_master, master_path, write_node_key
+from common.reportauth import configured_master, enrol_key, ensure_master, write_node_key
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.registry import (
     BACKEND_KINDS,
@@ -89,9 +89,9 @@ def report_key(
              "AGENT_REPORT_KEY_FILE.")],
 ) -> None:
     """Write NODE's report key (of WARDEN_CLUSTER_ID), derived from the collector's master
-    (COLLECTOR_REPORT_MASTER_KEY, else <state>/keys/report-master.key, made if missing)."""
+    (WARDEN_REPORT_MASTER_KEY, else <state>/keys/report-master.key, made if missing)."""
     settings = service_settings()
-    master = master_path(os.environ.get("COLLECTOR_REPORT_MASTER_KEY", ""), state_dir(settings))
+    master = configured_master(os.environ, state_dir(settings))
     key = enrol_key(ensure_master(master), settings.cluster_id, identifier(node))
     write_node_key(out, key)
     typer.echo(f"report key of {settings.cluster_id}/{key.node_id} (master {key.kid}): {out}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from types import SimpleNamespace
@@ -14,6 +15,7 @@ from faststream.kafka import KafkaMessage
 from redis.asyncio import Redis
 
 from common.deadletter import DeadLetterPolicy
+from common.reportauth import UNAUTHENTICATED, NodeReportKey, ReportAuthenticator, enrol_key
 from schemas.events.v1 import NodeReport, ServedModel
 from services.router.handlers import ReportFeed
 from services.router.registry import Registry
@@ -95,18 +97,28 @@ async def test_a_fresh_batch_is_seen_at_once_despite_the_cache(redis: Redis, key
     assert await served_versions(registry) == {"node-001": {"1"}}
 
 
-def consumed(*items: tuple[bytes | None, bytes]) -> KafkaMessage:
+Headers = tuple[tuple[str, bytes], ...]
+
+
+def consumed(*items: tuple[bytes | None, bytes] | tuple[bytes | None, bytes, Headers]
+             ) -> KafkaMessage:
     """A batch as the subscriber receives it: its raw consumer records."""
     records = [ConsumerRecord(topic="t.node.reports", partition=0, offset=i, timestamp=0,
-                              timestamp_type=0, key=key, value=value, checksum=None,
-                              serialized_key_size=0, serialized_value_size=len(value),
-                              headers=())
-               for i, (key, value) in enumerate(items)]
+                              timestamp_type=0, key=item[0], value=item[1], checksum=None,
+                              serialized_key_size=0, serialized_value_size=len(item[1]),
+                              headers=item[2] if len(item) == 3 else ())
+               for i, item in enumerate(items)]
     return cast(KafkaMessage, SimpleNamespace(raw_message=tuple(records)))
 
 
 def wire(event: NodeReport) -> tuple[bytes, bytes]:
     return event.node_id.encode(), event.model_dump_json().encode()
+
+
+def signed(event: NodeReport, key: NodeReportKey) -> tuple[bytes, bytes, Headers]:
+    """The report as its agent publishes it: the MAC of its exact bytes in the headers."""
+    key_bytes, body = wire(event)
+    return key_bytes, body, tuple((k, v.encode()) for k, v in key.headers(body).items())
 
 
 async def test_the_feed_applies_a_batch_and_dead_letters_its_invalid_items(
@@ -139,3 +151,39 @@ async def test_the_feed_applies_a_batch_and_dead_letters_its_invalid_items(
     await feed.on_reports([], consumed(wire(report("node-001", 6, [MLP1])), wire(newest)))
     assert await served_versions(registry) == {"node-001": {"2"}, "node-002": {"1"}}
     assert letters == []
+
+
+async def test_the_feed_reads_a_report_only_with_its_nodes_mac(registry: Registry) -> None:
+    """A forged report would announce (or take away) a model on a node and steer ML tasks: only
+    its node's MAC over its exact bytes lets it reach the registry."""
+    letters: list[tuple[bytes | None, str]] = []
+
+    async def publish(topic: str, key: bytes | None, value: bytes,
+                      headers: dict[str, str]) -> None:
+        letters.append((key, headers["dlt-reason"]))
+
+    master, thief = secrets.token_bytes(32), secrets.token_bytes(32)
+    key1, key2 = (enrol_key(master, CLUSTER, n) for n in ("node-001", "node-002"))
+    feed = ReportFeed(registry, DeadLetterPolicy("g", publish), 65_536,
+                      ReportAuthenticator([master]), require_mac=True)
+    changed = signed(report("node-002", 3, [MLP2]), key2)
+    await feed.on_reports([], consumed(
+        signed(report("node-001", 1, [MLP1]), key1),
+        wire(report("node-002", 1, [MLP2])),  # unsigned
+        signed(report("node-002", 2, [MLP2]), key1),  # node-001's key, node-002's name
+        signed(report("node-002", 2, [MLP2]), enrol_key(thief, CLUSTER, "node-002")),
+        (changed[0], changed[1].replace(b'"seq":3', b'"seq":4'), changed[2]),  # changed bytes
+        signed(report("node-002", 5, [MLP1]), key2),
+    ))
+    assert await served_versions(registry) == {"node-001": {"1"}, "node-002": {"1"}}
+    assert letters == [(b"node-002", UNAUTHENTICATED)] * 4
+
+    # Migrating from agents that cannot sign: unsigned reports are read, a MAC is still checked.
+    letters.clear()
+    lenient = ReportFeed(registry, DeadLetterPolicy("g", publish), 65_536,
+                         ReportAuthenticator([master]), require_mac=False)
+    await lenient.on_reports([], consumed(
+        wire(report("node-001", 6, [MLP2])),
+        signed(report("node-002", 6, [MLP2]), key1)))
+    assert await served_versions(registry) == {"node-001": {"2"}, "node-002": {"1"}}
+    assert letters == [(b"node-002", UNAUTHENTICATED)]
