@@ -267,7 +267,14 @@ class Agent:
             # A drain or offline stops jobs now rather than at the next report.
             self._jobs.reconcile(self._journal.mode, plan)
         self._wake.set()
-        await self.bus.publish(Topic.NODE_COMMAND_RESULTS, result)
+        await self._answer(result)
+
+    async def _answer(self, result: CommandResult) -> None:
+        """Publish an answer sealed with the node's report key: what acts on answers (the
+        executor, the router, the collector's probes) reads only its node's own."""
+        key = self._report_key
+        await self.bus.publish_sealed(Topic.NODE_COMMAND_RESULTS, result,
+                                      None if key is None else key.headers)
 
     async def _publish_later(self, result: CommandResult) -> None:
         """Publish the result of a long action that just ended."""
@@ -275,7 +282,7 @@ class Agent:
             # A job migrated away or let go: the processes follow at once.
             self._jobs.reconcile(self._journal.mode, read_faults(self.state_dir))
         self._wake.set()
-        await self.bus.publish(Topic.NODE_COMMAND_RESULTS, result)
+        await self._answer(result)
 
     async def tend_jobs(self) -> None:
         """Keep the jobs in line with the mode and the fault plan between reports."""

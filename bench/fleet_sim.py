@@ -355,13 +355,19 @@ class FleetSim:
             for tag in tags:
                 self.first_sent.setdefault(tag, sent_at)
         body = report.model_dump_json().encode()
-        headers = [("content-type", b"application/json"), ("event-type", b"node_report")]
-        key = self.report_keys.get(node.node_id)
+        ack: asyncio.Future[RecordMetadata] = await producer.send(
+            reports, body, key=node.node_id.encode(),
+            headers=self._headers(node.node_id, body, b"node_report"))
+        return ack
+
+    def _headers(self, node: str, body: bytes, event_type: bytes) -> list[tuple[str, bytes]]:
+        """What an agent sends with `body`: its type and, with a key, the node's MAC over it
+        (reports and command answers alike are read only with it)."""
+        headers = [("content-type", b"application/json"), ("event-type", event_type)]
+        key = self.report_keys.get(node)
         if key is not None:
             headers += [(name, value.encode()) for name, value in key.headers(body).items()]
-        ack: asyncio.Future[RecordMetadata] = await producer.send(
-            reports, body, key=node.node_id.encode(), headers=headers)
-        return ack
+        return headers
 
     async def report_now(self, node: str) -> None:
         """Send the node's report at once, outside its schedule: as an agent reports a new
@@ -383,11 +389,10 @@ class FleetSim:
                 for record in records:
                     answer = self.answer(record.value, record.key)
                     if answer is not None:
-                        await producer.send(
-                            results, answer.model_dump_json().encode(),
-                            key=answer.node_id.encode(),
-                            headers=[("content-type", b"application/json"),
-                                     ("event-type", b"command_result")])
+                        body = answer.model_dump_json().encode()
+                        await producer.send(results, body, key=answer.node_id.encode(),
+                                            headers=self._headers(answer.node_id, body,
+                                                                  b"command_result"))
 
     def answer(self, body: bytes, key: bytes | None) -> CommandResult | None:
         """The answer to one command, or None: not ours, not verifiable, or the node is dead."""

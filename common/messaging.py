@@ -17,7 +17,7 @@ import contextlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar, get_type_hints
+from typing import TYPE_CHECKING, Any, TypeVar, get_type_hints
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -37,6 +37,9 @@ from common.telemetry import Telemetry
 from schemas.catalog import TOPIC_MODELS
 from schemas.envelope import Envelope
 from schemas.topics import PARTITIONS, Topic, dead_letter_name, topic_name
+
+if TYPE_CHECKING:
+    from common.reportauth import NodeSeal
 
 log = logging.getLogger("clusterwarden.messaging")
 
@@ -72,13 +75,21 @@ def parse_event(model: type[E], body: bytes, key: bytes | None, limit: int) -> E
     return event
 
 
-def strict_decoder(model: type[E], limit: int) -> Callable[[StreamMessage[Any]], Awaitable[E]]:
-    """A FastStream decoder that turns the raw bytes into `model`, or raises."""
+def strict_decoder(model: type[E], limit: int,
+                   seal: NodeSeal | None = None) -> Callable[[StreamMessage[Any]], Awaitable[E]]:
+    """A FastStream decoder that turns the raw bytes into `model`, or raises; with `seal`, the
+    message must also carry the MAC of the node it names (PermanentError `seal.reason`)."""
 
     async def decode(msg: StreamMessage[Any]) -> E:
         raw = msg.raw_message
         key = getattr(raw, "key", None)
-        return parse_event(model, msg.body, key, limit)
+        event = parse_event(model, msg.body, key, limit)
+        if seal is not None:
+            refusal = seal.refusal(event.cluster_id, getattr(event, "node_id", event.subject),
+                                   msg.body, getattr(raw, "headers", None) or ())
+            if refusal is not None:
+                raise PermanentError(seal.reason, refusal)
+        return event
 
     return decode
 
@@ -333,6 +344,7 @@ def subscribe(
     *,
     limit: int | None = None,
     batch_records: int | None = None,
+    seal: NodeSeal | None = None,
 ) -> None:
     """Subscribe `handler` to `topic` in the service's consumer group `group` (namespaced).
 
@@ -341,8 +353,10 @@ def subscribe(
     and the handler's first parameter must be annotated with that model: a handler wired to
     the wrong topic fails here, at wiring time. With `batch_records`, the handler takes up to
     that many raw bodies at once (`list[bytes]`) and validates each record itself, so one bad
-    record is dead-lettered alone. The handler is subscribed as it is, so its name and
-    docstring still name the channel in the AsyncAPI document.
+    record is dead-lettered alone. With `seal`, a message must carry the MAC of the node it
+    names (common/reportauth.py), else it is dead-lettered with the seal's reason. The handler
+    is subscribed as it is, so its name and docstring still name the channel in the AsyncAPI
+    document.
     """
     name = topic_name(topic, settings.namespace)
     options = consumer_options(group_name(settings, group))
@@ -354,7 +368,7 @@ def subscribe(
     model = TOPIC_MODELS[topic]
     _check_payload(handler, topic, model)
     size = settings.max_message_bytes if limit is None else limit
-    broker.subscriber(name, decoder=strict_decoder(model, size), **options)(handler)
+    broker.subscriber(name, decoder=strict_decoder(model, size, seal), **options)(handler)
 
 
 def _check_payload(handler: Callable[..., Awaitable[None]], topic: Topic, payload: object) -> None:

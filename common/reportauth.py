@@ -43,6 +43,9 @@ KID_HEADER = "report-kid"
 MASTER_FILE = "report-master.key"
 NODE_KEY_FILE = "report.key"
 UNAUTHENTICATED = "unauthenticated_report"
+UNAUTHENTICATED_RESULT = "unauthenticated_result"
+# An answer sealed by its node, but not by the node the command went to.
+WRONG_SENDER = "wrong_sender"
 
 _INFO = b"clusterwarden report key"
 _KID_INFO = b"clusterwarden report key id"
@@ -219,6 +222,31 @@ class ReportAuthenticator:
         if not required and not self.signed(pairs):
             return None
         return self.refusal(cluster_id, node_id, body, pairs)
+
+
+@dataclass(frozen=True)
+class NodeSeal:
+    """The check a consumer of what nodes send makes before it reads a message as its node's:
+    the MAC of the node the message names (its `cluster_id` and `node_id`) over the bytes read;
+    a message without it is refused with `reason`."""
+
+    authenticator: ReportAuthenticator
+    required: bool
+    reason: str
+
+    def refusal(self, cluster_id: str, node_id: str, body: bytes,
+                headers: Iterable[tuple[str, bytes]]) -> str | None:
+        return self.authenticator.check(cluster_id, node_id, body, headers,
+                                        required=self.required)
+
+
+def result_seal(settings: ReportReaderSettings) -> NodeSeal:
+    """How a service that acts on command results checks them: an answer decides whether a
+    step (a drain, a job's move) succeeded, so a forged one could fail steps until a breaker
+    opens, or pass a drain that never happened. The agent seals its answers with its report
+    key; the body's strict `event_type` keeps a report's MAC from passing as a result's."""
+    return NodeSeal(authenticator_for(settings), settings.require_report_mac,
+                    UNAUTHENTICATED_RESULT)
 
 
 def authenticator_for(settings: ReportReaderSettings) -> ReportAuthenticator:

@@ -134,3 +134,10 @@ start_missing_services() {
         fi
     done
 }
+
+# The project's Python, for the setup steps written in it (the secured broker's and Redis').
+VENV_PY="${REPO_ROOT}/.venv/bin/python"
+
+require_venv() {
+    [[ -x "${VENV_PY}" ]] || die "${VENV_PY} is missing; the secured setup needs it: run make setup"
+}

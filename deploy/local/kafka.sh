@@ -163,12 +163,6 @@ else:
 PY
 }
 
-VENV_PY="${REPO_ROOT}/.venv/bin/python"
-
-require_venv() {
-    [[ -x "${VENV_PY}" ]] || die "${VENV_PY} is missing; the secured broker's setup needs it: run make setup"
-}
-
 # The principals of the access table (schemas/access.py), admin among them.
 principals() {
     PYTHONPATH="${REPO_ROOT}" "${VENV_PY}" -c 'from schemas.access import Principal; print(*Principal, sep="\n")'

@@ -4,6 +4,13 @@
 #   deploy/local/redis.sh start    start (or confirm already running) and wait for PONG
 #   deploy/local/redis.sh stop     SHUTDOWN via redis-cli, falling back to SIGTERM/SIGKILL
 #   deploy/local/redis.sh status   exit 0 if it answers PING, 1 otherwise
+#   deploy/local/redis.sh url U    (secured) print the URL that connects as user U
+#
+# Secured (docs/security.md, "Redis users"): `start --secure`, or REDIS_SECURITY=acl for every
+# command, runs redis-server with the ACL file of services/shared/redis_access.py: the default
+# user off, an admin, and one user per service confined to the keys of WARDEN_NAMESPACE and to
+# commands outside @dangerous. Passwords are made once (owner-only) beside the file. Its state
+# lives apart, in $WARDEN_STATE_DIR/redis-secure, so both servers can run side by side.
 #
 # Environment:
 #   WARDEN_STATE_DIR   state root (default <repo>/.state); this script uses $WARDEN_STATE_DIR/redis
@@ -11,13 +18,25 @@
 #                      package may start on install) never collides with this one
 set -euo pipefail
 
-COMPONENT=redis
+SECURE=0
+case "${REDIS_SECURITY:-none}" in
+    none) ;;
+    acl) SECURE=1 ;;
+    *) printf 'redis: error: REDIS_SECURITY is %s, not none or acl\n' "${REDIS_SECURITY}" >&2; exit 2 ;;
+esac
+if [[ "${2:-}" == "--secure" ]]; then
+    SECURE=1
+    set -- "$1" "${@:3}"
+fi
+
+if (( SECURE )); then COMPONENT=redis-secure; else COMPONENT=redis; fi
 # shellcheck source=deploy/local/common.sh
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/common.sh"
 
 REDIS_HOST=127.0.0.1
 REDIS_PORT="${REDIS_PORT:-16379}"
-STATE_DIR="${STATE_ROOT}/redis"
+STATE_DIR="${STATE_ROOT}/${COMPONENT}"
+ACL_DIR="${STATE_DIR}/acl"
 PID_FILE="${STATE_DIR}/redis.pid"
 LOG_FILE="${STATE_DIR}/redis.log"
 
@@ -28,7 +47,7 @@ LOCK_WAIT_S=$(( READY_TIMEOUT_S + STOP_TIMEOUT_S + 10 ))
 
 
 usage() {
-    printf 'usage: %s {start|stop|status}\n' "$0" >&2
+    printf 'usage: %s {start [--secure]|stop|status|url USER}\n' "$0" >&2
     exit 2
 }
 
@@ -47,7 +66,33 @@ ensure_redis() {
 # accepts the connection but never replies (redis-cli itself would wait forever).
 answers_ping() {
     command -v redis-cli >/dev/null 2>&1 || return 1
-    [[ "$(timeout 2 redis-cli -h "${REDIS_HOST}" -p "${REDIS_PORT}" ping 2>/dev/null)" == "PONG" ]]
+    [[ "$(timeout 2 redis-cli "${CLI[@]}" ping 2>/dev/null)" == "PONG" ]]
+}
+
+# redis-cli's arguments for our server; on the secured one, as its admin (set by set_cli once
+# the password exists).
+CLI=(-h "${REDIS_HOST}" -p "${REDIS_PORT}")
+set_cli() {
+    if (( SECURE )) && [[ -f "${ACL_DIR}/admin.password" ]]; then
+        CLI=(-h "${REDIS_HOST}" -p "${REDIS_PORT}" --user admin
+             --pass "$(<"${ACL_DIR}/admin.password")" --no-auth-warning)
+    fi
+}
+
+# The secured server's users: passwords made once, the ACL file written at every start.
+write_acl() {
+    require_venv
+    PYTHONPATH="${REPO_ROOT}" "${VENV_PY}" -m services.shared.redis_access write \
+        --namespace "${WARDEN_NAMESPACE:-}" --dir "${ACL_DIR}" >/dev/null \
+        || die "writing the ACL file failed"
+    set_cli
+}
+
+cmd_url() {
+    (( SECURE )) || die "url is for the secured server (start --secure or REDIS_SECURITY=acl)"
+    require_venv
+    PYTHONPATH="${REPO_ROOT}" "${VENV_PY}" -m services.shared.redis_access url "$1" \
+        --dir "${ACL_DIR}" --host "${REDIS_HOST}" --port "${REDIS_PORT}"
 }
 
 port_open() {
@@ -93,8 +138,14 @@ cmd_start() {
 
     # AOF with fsync every second: survives a crash losing at most ~1 s of writes, and RDB
     # snapshots are off (--save "") so there is a single persistence path to reason about.
-    # Bound to loopback with protected mode on: this is a dev instance with no password.
-    # fd 9 (the lock) is closed for the daemon, or it would hold the lock for as long as it runs.
+    # Bound to loopback with protected mode on: without --secure this is a dev instance with no
+    # password. fd 9 (the lock) is closed for the daemon, or it would hold the lock for as long
+    # as it runs.
+    local acl=()
+    if (( SECURE )); then
+        write_acl
+        acl=(--aclfile "${ACL_DIR}/users.acl")
+    fi
     redis-server \
         --bind "${REDIS_HOST}" \
         --port "${REDIS_PORT}" \
@@ -106,6 +157,7 @@ cmd_start() {
         --appendonly yes \
         --appendfsync everysec \
         --save "" \
+        "${acl[@]}" \
         9>&- \
         || { tail -n 40 "${LOG_FILE}" >&2 2>/dev/null || true; die "redis-server failed to start"; }
 
@@ -145,7 +197,7 @@ cmd_stop() {
     # SHUTDOWN fsyncs the AOF before exiting. redis-cli reports the dropped connection as an
     # error even on success, so its exit status is not meaningful here.
     local rc=0
-    timeout 10 redis-cli -h "${REDIS_HOST}" -p "${REDIS_PORT}" shutdown >/dev/null 2>&1 || rc=$?
+    timeout 10 redis-cli "${CLI[@]}" shutdown >/dev/null 2>&1 || rc=$?
     # 124 means redis-cli itself timed out: the server is wedged, so waiting for SHUTDOWN to
     # take effect would only waste STOP_TIMEOUT_S more; go straight to signals.
     if (( rc == 124 )) || ! wait_exit "${pid}" "${STOP_TIMEOUT_S}"; then
@@ -169,12 +221,14 @@ cmd_status() {
 }
 
 main() {
-    [[ $# -eq 1 ]] || usage
+    [[ $# -ge 1 ]] || usage
     validate_port REDIS_PORT "${REDIS_PORT}"
+    set_cli
     case "$1" in
-        start) take_lock "${LOCK_WAIT_S}"; cmd_start ;;
-        stop) take_lock "${LOCK_WAIT_S}"; cmd_stop ;;
-        status) cmd_status ;;
+        start) [[ $# -eq 1 ]] || usage; take_lock "${LOCK_WAIT_S}"; cmd_start ;;
+        stop) [[ $# -eq 1 ]] || usage; take_lock "${LOCK_WAIT_S}"; cmd_stop ;;
+        status) [[ $# -eq 1 ]] || usage; cmd_status ;;
+        url) [[ $# -eq 2 ]] || usage; cmd_url "$2" ;;
         *) usage ;;
     esac
 }

@@ -6,7 +6,7 @@ from faststream import FastStream
 
 from common.kafka_access import client_options
 from common.messaging import BulkPublisher, EventBus, make_broker, subscribe
-from common.reportauth import authenticator_for
+from common.reportauth import authenticator_for, result_seal
 from common.signing import local_signer
 from common.telemetry import setup_telemetry
 from schemas.topics import Topic
@@ -51,7 +51,8 @@ def create_app(settings: CollectorSettings | None = None) -> FastStream:
     )
     subscribe(broker, settings, Topic.NODE_REPORTS, "collector", collector.on_reports,
               batch_records=settings.batch_max_records)
-    subscribe(broker, settings, Topic.NODE_COMMAND_RESULTS, "collector-probes", prober.on_result)
+    subscribe(broker, settings, Topic.NODE_COMMAND_RESULTS, "collector-probes", prober.on_result,
+              seal=result_seal(settings))
     return build_app(
         broker,
         settings,

@@ -18,7 +18,7 @@ from common.clock import Clock
 from common.deadletter import DeadLetterPolicy, classify, records_of
 from common.errors import PermanentError
 from common.messaging import BulkPublisher, EventBus, parse_event
-from common.reportauth import UNAUTHENTICATED, ReportAuthenticator
+from common.reportauth import UNAUTHENTICATED, WRONG_SENDER, ReportAuthenticator
 from common.signing import CommandSigner
 from schemas.envelope import short_text
 from schemas.events.v1 import (
@@ -371,5 +371,10 @@ class Prober:
 
     async def on_result(self, result: CommandResult) -> None:
         """Any answer to a pending probe (even a rejection) proves the command path works."""
-        await self.probes.end(str(result.command_id), answered=True, now=self.clock(),
-                              sent_at=result.occurred_at)
+        ended = await self.probes.end(str(result.command_id), answered=True, now=self.clock(),
+                                      sent_at=result.occurred_at,
+                                      sender=(result.cluster_id, result.node_id))
+        if ended is not None and ended[1] < 0:
+            # Sealed by a node, but not the probed one: a node must not vouch for another.
+            raise PermanentError(WRONG_SENDER, f"answer from {result.cluster_id}/"
+                                 f"{result.node_id} to a probe of {ended[0]}")

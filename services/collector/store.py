@@ -312,9 +312,13 @@ return ids
 # the node sent it (ARGV[5]), not by when the centre read it: one sent before the deadline
 # but read after it (the centre was behind) still resets the count, so a slow centre does
 # not make healthy nodes look dead. KEYS: pending (id -> deadline), targets (id -> node),
-# late (id -> "node|deadline"), late index (id -> expiry time).
+# late (id -> "node|deadline"), late index (id -> expiry time). An answer from another node
+# than the probed one (ARGV[6], "cluster:node"; '' unchecked) changes nothing: {target, -1}.
 END_PROBE = """
 local target = redis.call('HGET', KEYS[2], ARGV[2])
+if target and ARGV[1] == 'ok' and ARGV[6] ~= '' and ARGV[6] ~= target then
+  return {target, -1}
+end
 if target then
   local deadline = redis.call('ZSCORE', KEYS[1], ARGV[2])
   redis.call('HDEL', KEYS[2], ARGV[2])
@@ -344,10 +348,11 @@ end
 if ARGV[1] ~= 'ok' then return false end
 local late = redis.call('HGET', KEYS[3], ARGV[2])
 if not late then return false end
-redis.call('HDEL', KEYS[3], ARGV[2])
-redis.call('ZREM', KEYS[4], ARGV[2])
 local sep = string.find(late, '|', 1, true)
 local late_target, deadline = string.sub(late, 1, sep - 1), tonumber(string.sub(late, sep + 1))
+if ARGV[6] ~= '' and ARGV[6] ~= late_target then return {late_target, -1} end
+redis.call('HDEL', KEYS[3], ARGV[2])
+redis.call('ZREM', KEYS[4], ARGV[2])
 if tonumber(ARGV[5]) > deadline then return false end
 redis.call('HSET', ARGV[3] .. late_target, 'probe_failures', 0, 'probe_ok_at', ARGV[4])
 return {late_target, 0}
@@ -388,14 +393,17 @@ class ProbeStore:
             await pipe.execute()
 
     async def end(self, command_id: str, answered: bool, now: datetime,
-                  sent_at: datetime | None = None) -> tuple[str, int] | None:
+                  sent_at: datetime | None = None,
+                  sender: tuple[str, str] | None = None) -> tuple[str, int] | None:
         """(cluster:node, failed probes in a row) if this ended a probe (or cleared a failure
-        that a late-read answer, sent in time, shows was the centre's own lag)."""
+        that a late-read answer, sent in time, shows was the centre's own lag); an answer
+        whose `sender` (cluster, node) is not the probed node ends nothing: (target, -1)."""
         late = self.keys.probes_pending() + ":late"
         result = await self._end(
             keys=[self.keys.probes_pending(), self._targets(), late, late + ":index"],
             args=["ok" if answered else "expired", command_id, self.keys.node_prefix(),
-                  now.timestamp(), (sent_at or now).timestamp()],
+                  now.timestamp(), (sent_at or now).timestamp(),
+                  "" if sender is None else f"{sender[0]}:{sender[1]}"],
         )
         return (text(result[0]), int(result[1])) if result else None
 

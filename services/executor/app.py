@@ -5,6 +5,7 @@ from __future__ import annotations
 from faststream import FastStream
 
 from common.messaging import EventBus, make_broker, subscribe
+from common.reportauth import result_seal
 from common.signing import local_signer
 from common.telemetry import setup_telemetry
 from schemas.topics import Topic
@@ -37,7 +38,8 @@ def create_app(settings: ExecutorSettings | None = None) -> FastStream:
                         build_centre(settings, redis, keys), backends=backends)
     subscribe(broker, settings, Topic.OPS_TASKS_SCHEDULED, "executor-tasks",
               executor.on_scheduled)
-    subscribe(broker, settings, Topic.NODE_COMMAND_RESULTS, "executor-results", executor.on_result)
+    subscribe(broker, settings, Topic.NODE_COMMAND_RESULTS, "executor-results", executor.on_result,
+              seal=result_seal(settings))
     subscribe(broker, settings, Topic.OPS_TASK_CONTROL, "executor-control", executor.on_control)
     # Startup recovery (status queries for commands left unanswered) runs in the first
     # sweep, not as a starter: starters run before the broker can publish.

@@ -20,6 +20,7 @@ from schemas.events.v1 import (
     AddCapacity,
     Cancel,
     CommandPayload,
+    CommandResult,
     MigrateJobs,
     QueryStatus,
     ReleaseNode,
@@ -61,6 +62,19 @@ def agent_action(step: Step) -> Action | None:
     if isinstance(action, _CENTRE_TYPES):
         return None
     return action
+
+
+def answered_by_addressee(wf: Workflow, result: CommandResult) -> str | None:
+    """Why `result` is not an answer of the node the step's command went to, or None if it
+    is. The answer's MAC shows which node sent it (common/reportauth.py); this shows that
+    node is the one asked, so one node's key cannot answer for another's drain."""
+    action = agent_action(wf.task.steps[wf.step])
+    if action is None:
+        return f"step {wf.step} of task {wf.task_id} sends no command"
+    if (result.cluster_id, result.node_id) != (wf.task.cluster_id, action.node_id):
+        return (f"answer from {result.cluster_id}/{result.node_id} to a command sent to "
+                f"{wf.task.cluster_id}/{action.node_id}")
+    return None
 
 
 class CommandSender:

@@ -16,9 +16,15 @@ from datetime import timedelta
 from uuid import UUID
 
 from common.clock import Clock
-from common.errors import INFRASTRUCTURE_ERRORS
+from common.errors import INFRASTRUCTURE_ERRORS, PermanentError
+from common.reportauth import WRONG_SENDER
 from schemas.events.v1 import CommandResult, Step
-from services.executor.commands import CommandSender, agent_action, query_id_for
+from services.executor.commands import (
+    CommandSender,
+    agent_action,
+    answered_by_addressee,
+    query_id_for,
+)
 from services.executor.events import TaskEvents
 from services.executor.journal import Journal, Workflow, epoch_ms
 from services.executor.settings import ExecutorSettings
@@ -179,6 +185,8 @@ class Recovery:
         if (wf is None or wf.state != "running" or wf.step_state != "started"
                 or wf.query_id != str(result.command_id)):
             return
+        if (refused := answered_by_addressee(wf, result)) is not None:
+            raise PermanentError(WRONG_SENDER, refused)
         step = wf.task.steps[wf.step]
         queried = result.outputs.get("queried_command_id")
         if result.outcome == "unknown" and result.reason == "not_in_journal":

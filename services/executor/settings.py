@@ -3,10 +3,10 @@
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from common.settings import ServiceSettings
+from common.settings import ReportReaderSettings
 
 
-class ExecutorSettings(ServiceSettings):
+class ExecutorSettings(ReportReaderSettings):
     """Signing key, command lifetime, deadlines, retries and recovery."""
 
     model_config = SettingsConfigDict(env_prefix="EXECUTOR_", extra="ignore", frozen=True)

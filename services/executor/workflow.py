@@ -19,7 +19,8 @@ from typing import Any
 from uuid import UUID
 
 from common.clock import Clock
-from common.errors import INFRASTRUCTURE_ERRORS
+from common.errors import INFRASTRUCTURE_ERRORS, PermanentError
+from common.reportauth import WRONG_SENDER
 from schemas.envelope import short_text
 from schemas.events.v1 import (
     CommandResult,
@@ -28,7 +29,12 @@ from schemas.events.v1 import (
     TaskScheduled,
     TaskState,
 )
-from services.executor.commands import CommandSender, agent_action, command_id_for
+from services.executor.commands import (
+    CommandSender,
+    agent_action,
+    answered_by_addressee,
+    command_id_for,
+)
 from services.executor.control import (
     FINAL_STATES,
     backoff_s,
@@ -284,6 +290,8 @@ class WorkflowCore:
         if (wf is None or wf.state != "running" or wf.step_state != "started"
                 or wf.command_id != str(result.command_id)):
             return  # a late answer to an attempt already given up on
+        if (refused := answered_by_addressee(wf, result)) is not None:
+            raise PermanentError(WRONG_SENDER, refused)
         await self.settle(wf, result.outcome, result.reason, dict(result.outputs))
 
     async def settle(self, wf: Workflow, outcome: str, reason: str,

@@ -11,11 +11,12 @@ from __future__ import annotations
 from faststream import FastStream
 
 from common.messaging import EventBus, make_broker, subscribe
-from common.reportauth import authenticator_for
+from common.reportauth import authenticator_for, result_seal
 from common.signing import local_signer
 from common.telemetry import setup_telemetry
 from schemas.topics import Topic
-from services.router.handlers import ReportFeed, Router
+from services.router.feed import ReportFeed
+from services.router.handlers import Router
 from services.router.registry import Registry
 from services.router.settings import RouterSettings
 from services.router.stats_store import StatsStore
@@ -43,7 +44,8 @@ def create_app(settings: RouterSettings | None = None) -> FastStream:
     feed = ReportFeed(router.registry, dead_letters, limit, authenticator_for(settings),
                       require_mac=settings.require_report_mac)
     subscribe(broker, settings, Topic.ML_TASKS_SUBMITTED, "router", router.on_submitted)
-    subscribe(broker, settings, Topic.NODE_COMMAND_RESULTS, "router-results", router.on_result)
+    subscribe(broker, settings, Topic.NODE_COMMAND_RESULTS, "router-results", router.on_result,
+              seal=result_seal(settings))
     subscribe(broker, settings, Topic.NODE_REPORTS, "router-registry", feed.on_reports,
               batch_records=settings.batch_max_records)
     return build_app(

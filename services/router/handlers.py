@@ -22,20 +22,16 @@ import random
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 from uuid import UUID, uuid4
 
-from aiokafka.structs import ConsumerRecord
-from faststream.kafka import KafkaMessage
-from pydantic import ValidationError
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
 from common.clock import EpochClock
-from common.deadletter import DeadLetterPolicy, classify, records_of
 from common.errors import PermanentError
-from common.messaging import EventBus, parse_event
-from common.reportauth import UNAUTHENTICATED, ReportAuthenticator
+from common.messaging import EventBus
+from common.reportauth import WRONG_SENDER
 from common.signing import CommandSigner
 from schemas.catalog import TOPIC_MODELS
 from schemas.envelope import Envelope, short_text
@@ -87,6 +83,9 @@ log = logging.getLogger("clusterwarden.router")
 
 # progress: look again; idle: wait for something; flush: publish the outbox, then wait.
 Step = Literal["progress", "idle", "flush"]
+# ended: by this answer; not_pending: ended before, or no such attempt; wrong_sender: another
+# node's answer.
+AttemptEnd = Literal["ended", "not_pending", "wrong_sender"]
 MAX_STEPS = 16
 SWEEP_BATCH = 100
 CLAIM_LEASE_S = 10.0
@@ -171,8 +170,15 @@ class Router:
             detail=short_text(inference.detail if inference and inference.detail
                               else result.reason))
         async with self._one_at_a_time(result.task_id):
-            if await self._end_attempt(result.task_id, result.command_id, ended):
+            verdict = await self._end_attempt(result.task_id, result.command_id, ended,
+                                              sender=(result.cluster_id, result.node_id))
+            if verdict == "ended":
                 await self._advance(result.task_id)
+        if verdict == "wrong_sender":
+            # Sealed by a node (its MAC), but not by the one the attempt went to: one node's
+            # key must not end another's attempts (a failure would count against its arm).
+            raise PermanentError(WRONG_SENDER, f"answer from {result.cluster_id}/"
+                                 f"{result.node_id} to an attempt sent elsewhere")
 
     async def on_report(self, report: NodeReport) -> None:
         """A node's report feeds the model registry."""
@@ -324,26 +330,29 @@ class Router:
 
         await optimistic(self.redis, [self.keys.ml_task(str(task_id))], body)
 
-    async def _end_attempt(self, task_id: UUID, command_id: UUID,
-                           result: AttemptResult) -> bool:
-        """Mark an attempt ended with `result`, unless it ended already; True if it did now."""
+    async def _end_attempt(self, task_id: UUID, command_id: UUID, result: AttemptResult, *,
+                           sender: tuple[str, str] | None = None) -> AttemptEnd:
+        """Mark an attempt ended with `result`, unless it ended already (or `sender`, the
+        (cluster, node) that answered, is not the attempt's node): `ended` if it did now."""
         key = self.keys.ml_task(str(task_id))
 
-        async def body(pipe: Pipeline) -> bool:
+        async def body(pipe: Pipeline) -> AttemptEnd:
             rec = await self._load(pipe, task_id)
             attempt = rec.attempt_of(command_id) if rec is not None else None
             begin_writes(pipe)
             if rec is None or attempt is None or attempt.state != "dispatched":
-                return False
+                return "not_pending"
+            if sender is not None and sender != (rec.task.cluster_id, attempt.node):
+                return "wrong_sender"
             attempt.state, attempt.result = "ended", result
             self._save(pipe, rec)
             if attempt.retry:
                 pipe.zrem(self.keys.ml_retrying(rec.task.cluster_id, rec.task.task_type),
                           f"{task_id}:{attempt.n}")
-            return True
+            return "ended"
 
         ended = await optimistic(self.redis, [key], body)
-        if ended:
+        if ended == "ended":
             log.info("task %s attempt on %s: %s", task_id, command_id,
                      result.cause or "succeeded")
         return ended
@@ -549,48 +558,3 @@ def waiting_by_pool(waiting: Mapping[bytes | str, bytes | str],
         else:
             counts[pool] = counts.get(pool, 0) + 1
     return counts, stale
-
-
-class ReportFeed:
-    """The agents' reports, consumed in batches, feed the model registry.
-
-    A report's models decide where ML tasks run, so, as at the collector, a report counts only
-    with its node's MAC (common/reportauth.py): a forged report could otherwise announce a
-    model on a node that does not serve it, or take one away, and steer tasks.
-    """
-
-    def __init__(self, registry: Registry, dead_letters: DeadLetterPolicy,
-                 max_message_bytes: int, authenticator: ReportAuthenticator | None = None,
-                 *, require_mac: bool = True) -> None:
-        self.registry = registry
-        self.dead_letters = dead_letters
-        self.max_message_bytes = max_message_bytes
-        self.authenticator = authenticator
-        self.require_mac = require_mac
-
-    async def on_reports(self, bodies: list[bytes], msg: KafkaMessage) -> None:
-        """A batch of raw reports: each one validated on its own, the valid ones applied to
-        the registry in one round trip, the invalid ones dead-lettered."""
-        reports: list[NodeReport] = []
-        invalid: list[tuple[ConsumerRecord[Any, Any], str, str]] = []
-        for item in records_of(msg.raw_message):
-            try:
-                report = parse_event(NodeReport, item.value or b"", item.key,
-                                     self.max_message_bytes)
-            except (PermanentError, ValidationError) as err:
-                _, reason, detail = classify(err)
-                invalid.append((item, reason, detail))
-                continue
-            refusal = None if self.authenticator is None else self.authenticator.check(
-                report.cluster_id, report.node_id, item.value or b"", item.headers or (),
-                required=self.require_mac)
-            if refusal is not None:
-                # The collector alerts a person once per node; the router only keeps it out.
-                invalid.append((item, UNAUTHENTICATED, refusal))
-                continue
-            reports.append(report)
-        # Applied first: if Redis is down the batch comes again (applying it twice changes
-        # nothing) without having dead-lettered its invalid items once per delivery.
-        await self.registry.apply(reports)
-        for item, reason, detail in invalid:
-            await self.dead_letters.dead_letter(item, reason, detail)

@@ -15,6 +15,7 @@ import pytest
 from redis.asyncio import Redis
 
 from common.errors import PermanentError
+from common.reportauth import WRONG_SENDER
 from common.signing import ensure_keypair, signer_from_file, unb64url
 from schemas.envelope import Envelope
 from schemas.events.v1 import (
@@ -180,11 +181,14 @@ class Harness:
                 if t == Topic.OPS_TASKS and isinstance(e, OpsTask)]
 
     async def answer(self, payload: CommandPayload, outcome: str = "succeeded",
-                     reason: str = "", outputs: dict[str, OutputValue] | None = None) -> None:
+                     reason: str = "", outputs: dict[str, OutputValue] | None = None, *,
+                     sender: str | None = None, cluster: str = CLUSTER) -> None:
+        """The agent's answer (`sender`, `cluster`: as another node would send it)."""
+        node = sender or payload.node_id
         await self.executor.on_result(CommandResult(
-            event_id=uuid4(), source=f"agent-{payload.node_id}", occurred_at=now_utc(),
-            cluster_id=CLUSTER, subject=payload.node_id, command_id=payload.command_id,
-            node_id=payload.node_id, task_id=payload.task_id, step_index=payload.step_index,
+            event_id=uuid4(), source=f"agent-{node}", occurred_at=now_utc(),
+            cluster_id=cluster, subject=node, command_id=payload.command_id,
+            node_id=node, task_id=payload.task_id, step_index=payload.step_index,
             action=payload.action.action, outcome=outcome,  # type: ignore[arg-type]
             reason=reason, outputs=outputs or {}))
 
@@ -257,6 +261,24 @@ async def test_steps_run_in_order_and_the_final_event_says_what_kind_of_task(
     assert harness.events(task)[2].outputs == {"mode": "draining"}
     assert harness.final(task).outputs == {"need_kind": "offline", "kind": "remove_node"}
     assert await harness.lock_owner(f"node.{NODE}") is None
+
+
+async def test_an_answer_from_another_node_than_the_commands_settles_nothing(
+    harness: Harness,
+) -> None:
+    # Its MAC says which node sent it; the step says which node was asked. A node's key must
+    # not pass (or fail) another node's drain.
+    task = drain_offline()
+    await harness.dispatch(task)
+    drain = harness.last_command()
+    for sender, cluster in (("node-999", CLUSTER), (drain.node_id, "another-cluster")):
+        with pytest.raises(PermanentError) as refused:
+            await harness.answer(drain, sender=sender, cluster=cluster)
+        assert refused.value.reason == WRONG_SENDER
+    assert harness.states(task) == ["running", "running/0:started"]
+    assert (await harness.wf(task)).step_state == "started"
+    await harness.answer(drain)
+    assert harness.last_command().action.action == "offline_node"
 
 
 async def test_a_step_whose_guard_does_not_hold_is_skipped_with_the_reason(

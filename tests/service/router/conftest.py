@@ -151,8 +151,8 @@ class Harness:
 
     async def answer(self, payload: CommandPayload, cause: InferenceCause | None = None, *,
                      outcome: str | None = None, router: int = 0,
-                     duplicate: bool = False) -> None:
-        """The agent's answer to a run_inference command."""
+                     duplicate: bool = False, sender: str | None = None) -> None:
+        """The agent's answer to a run_inference command (`sender`: from another node)."""
         action = payload.action
         assert isinstance(action, RunInference)
         inference = InferenceOutput(
@@ -162,8 +162,8 @@ class Harness:
             confidence=None if cause else 0.99)
         result = CommandResult(
             event_id=uuid4(), source=f"agent-{payload.node_id}", occurred_at=self.clock.moment,
-            cluster_id=CLUSTER, subject=payload.node_id, command_id=payload.command_id,
-            node_id=payload.node_id, task_id=payload.task_id, action="run_inference",
+            cluster_id=CLUSTER, subject=sender or payload.node_id, command_id=payload.command_id,
+            node_id=sender or payload.node_id, task_id=payload.task_id, action="run_inference",
             outcome=cast(Any, outcome or ("succeeded" if cause is None else "failed")),
             reason=cause or "", duplicate=duplicate,
             inference=None if outcome == "rejected" else inference)

@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 from common.deadletter import DeadLetterPolicy
 from common.reportauth import UNAUTHENTICATED, NodeReportKey, ReportAuthenticator, enrol_key
 from schemas.events.v1 import NodeReport, ServedModel
-from services.router.handlers import ReportFeed
+from services.router.feed import ReportFeed
 from services.router.registry import Registry
 from services.shared.redis_client import Keys
 from services.shared.registry import register_nodes

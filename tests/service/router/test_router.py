@@ -7,6 +7,8 @@ from uuid import uuid4
 
 import pytest
 
+from common.errors import PermanentError
+from common.reportauth import WRONG_SENDER
 from schemas.events.v1 import ModelSelected, NodeReport, RunInference
 from services.router.decisions import replay_event
 from services.router.policy.codec import decode_arm
@@ -55,6 +57,24 @@ async def test_a_task_is_sent_to_a_ready_model_and_succeeds(harness: Harness) ->
     assert outcome.latency_ms == pytest.approx(50.0, abs=1.0)
     arm = await arm_state(h, model, command.node_id)
     assert (arm.inflight, arm.counts.ok) == (0, 1.0)
+
+
+async def test_an_answer_from_another_node_than_the_attempts_ends_nothing(
+        harness: Harness) -> None:
+    # Sealed by its node (the subscription checked the MAC), but not the node asked: one
+    # node's key must not end, fail or pass another node's attempts.
+    h = harness
+    await h.fleet()
+    task = await h.submit()
+    [command] = h.commands(task.task_id)
+    other = next(n for n in ("node-001", "node-002", "node-003") if n != command.node_id)
+    with pytest.raises(PermanentError) as refused:
+        await h.answer(command, "model_fault", sender=other)
+    assert refused.value.reason == WRONG_SENDER
+    assert h.outcomes(task.task_id) == []
+    await h.answer(command)
+    [outcome] = h.outcomes(task.task_id)
+    assert (outcome.state, outcome.node_id) == ("succeeded", command.node_id)
 
 
 async def test_the_decision_event_replays_to_the_same_choice(harness: Harness) -> None:

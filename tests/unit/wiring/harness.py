@@ -38,6 +38,7 @@ class Wire:
     method: str
     limit: int | None = None  # the size limit; None: the settings' max_message_bytes
     batch: bool = False  # raw bodies in batches, validated by the handler
+    sealed: bool = False  # read only with the MAC of the node the message names
 
     @property
     def handler(self) -> str:

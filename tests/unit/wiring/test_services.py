@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from faststream import FastStream
@@ -20,9 +21,11 @@ from faststream.kafka import KafkaBroker
 from agent import app as agent_app
 from agent.app import Agent
 from agent.settings import AgentSettings
+from common.reportauth import UNAUTHENTICATED_RESULT, enrol_key, ensure_master, master_path
 from common.settings import ServiceSettings
 from schemas.access import Operation, Pattern, Principal, ResourceKind, acl_rules, group_prefix
 from schemas.catalog import TOPIC_MODELS
+from schemas.envelope import Envelope
 from schemas.topics import Topic, dead_letter_name
 from services.alerts import app as alerts_app
 from services.alerts.handlers import AlertsService
@@ -39,7 +42,8 @@ from services.executor.settings import ExecutorSettings
 from services.inventory import app as inventory_app
 from services.inventory.settings import InventorySettings
 from services.router import app as router_app
-from services.router.handlers import ReportFeed, Router
+from services.router.feed import ReportFeed
+from services.router.handlers import Router
 from services.router.settings import RouterSettings
 from services.scheduler import app as scheduler_app
 from services.scheduler.handlers import Scheduler
@@ -87,7 +91,8 @@ SERVICES: dict[str, Service] = {
         lambda state: collector_app.create_app(
             CollectorSettings(namespace=NAMESPACE, state_dir=str(state))),
         (Wire(Topic.NODE_REPORTS, "wiring.collector", Collector, "on_reports", batch=True),
-         Wire(Topic.NODE_COMMAND_RESULTS, "wiring.collector-probes", Prober, "on_result"))),
+         Wire(Topic.NODE_COMMAND_RESULTS, "wiring.collector-probes", Prober, "on_result",
+              sealed=True))),
     "templater": Service(
         lambda state: templater_app.create_app(
             TemplaterSettings(namespace=NAMESPACE, state_dir=str(state), instance="one")),
@@ -105,7 +110,8 @@ SERVICES: dict[str, Service] = {
         lambda state: executor_app.create_app(
             ExecutorSettings(namespace=NAMESPACE, state_dir=str(state))),
         (Wire(Topic.OPS_TASKS_SCHEDULED, "wiring.executor-tasks", Executor, "on_scheduled"),
-         Wire(Topic.NODE_COMMAND_RESULTS, "wiring.executor-results", Executor, "on_result"),
+         Wire(Topic.NODE_COMMAND_RESULTS, "wiring.executor-results", Executor, "on_result",
+              sealed=True),
          Wire(Topic.OPS_TASK_CONTROL, "wiring.executor-control", Executor, "on_control"))),
     "store": Service(
         lambda state: store_app.create_app(
@@ -131,7 +137,8 @@ SERVICES: dict[str, Service] = {
         lambda state: router_app.create_app(
             RouterSettings(namespace=NAMESPACE, state_dir=str(state))),
         (Wire(Topic.ML_TASKS_SUBMITTED, "wiring.router", Router, "on_submitted"),
-         Wire(Topic.NODE_COMMAND_RESULTS, "wiring.router-results", Router, "on_result"),
+         Wire(Topic.NODE_COMMAND_RESULTS, "wiring.router-results", Router, "on_result",
+              sealed=True),
          Wire(Topic.NODE_REPORTS, "wiring.router-registry", ReportFeed, "on_reports",
               batch=True))),
     # Reads no topic: it reports the clusters' pending pods to Redis (services/inventory).
@@ -173,7 +180,8 @@ async def test_a_valid_event_reaches_its_handler_as_the_topics_model(
     body = event.model_dump_json().encode()
     async with running(monkeypatch, lambda: service.build(tmp_path), service.wires) as (
             broker, seen):
-        await broker.publish(body, topic=wire.wire_name, key=event.subject.encode())
+        await broker.publish(body, topic=wire.wire_name, key=event.subject.encode(),
+                             headers=seal_of(wire, event, body, tmp_path))
     if wire.batch:
         # The batch handler validates each record itself, so one bad record fails alone.
         assert seen.calls == [(wire.handler, [body])]
@@ -181,6 +189,35 @@ async def test_a_valid_event_reaches_its_handler_as_the_topics_model(
         assert seen.calls == [(wire.handler, event)]
         assert type(seen.calls[0][1]) is TOPIC_MODELS[wire.topic]
     assert seen.dead == {w.wire_name: [] for w in service.wires}
+
+
+def seal_of(wire: Wire, event: Envelope, body: bytes, state: Path) -> dict[str, str]:
+    """The headers a node's agent sends with `body` on a sealed topic: its MAC under the
+    report master of the service's state folder (made there at the service's start)."""
+    if not wire.sealed:
+        return {}
+    key = enrol_key(ensure_master(master_path("", state)), event.cluster_id,
+                    getattr(event, "node_id", event.subject))
+    return key.headers(body)
+
+
+@pytest.mark.parametrize(("name", "wire"), [p for p in wires(strict_only=True)
+                                            if cast(Any, p).values[1].sealed])
+async def test_an_answer_without_its_nodes_mac_is_dead_lettered_unread(
+    name: str, wire: Wire, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    service = SERVICES[name]
+    event = example_of(wire.topic)
+    body = event.model_dump_json().encode()
+    async with running(monkeypatch, lambda: service.build(tmp_path), service.wires) as (
+            broker, seen):
+        await broker.publish(body, topic=wire.wire_name, key=event.subject.encode())
+        other = enrol_key(ensure_master(master_path("", tmp_path)), event.cluster_id, "other")
+        await broker.publish(body, topic=wire.wire_name, key=event.subject.encode(),
+                             headers=other.headers(body))
+    assert seen.calls == []
+    assert [h["dlt-reason"] for h, _ in seen.dead[wire.wire_name]] == [
+        UNAUTHENTICATED_RESULT, UNAUTHENTICATED_RESULT]
 
 
 @pytest.mark.parametrize(("name", "wire"), wires(strict_only=True))
