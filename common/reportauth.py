@@ -240,12 +240,15 @@ class NodeSeal:
                                         required=self.required)
 
 
-def result_seal(settings: ReportReaderSettings) -> NodeSeal:
+def result_seal(settings: ReportReaderSettings,
+                authenticator: ReportAuthenticator | None = None) -> NodeSeal:
     """How a service that acts on command results checks them: an answer decides whether a
     step (a drain, a job's move) succeeded, so a forged one could fail steps until a breaker
     opens, or pass a drain that never happened. The agent seals its answers with its report
-    key; the body's strict `event_type` keeps a report's MAC from passing as a result's."""
-    return NodeSeal(authenticator_for(settings), settings.require_report_mac,
+    key; the body's strict `event_type` keeps a report's MAC from passing as a result's.
+    A service that reads reports too passes its `authenticator`, so the masters are read and
+    the node keys derived once."""
+    return NodeSeal(authenticator or authenticator_for(settings), settings.require_report_mac,
                     UNAUTHENTICATED_RESULT)
 
 

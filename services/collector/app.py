@@ -37,6 +37,7 @@ def create_app(settings: CollectorSettings | None = None) -> FastStream:
     prober = Prober(settings, probes, nodes, signer, bus)
     peers = PeerWatch(settings, PeerStore(redis, keys, settings.peer_verdict_max_age_s * 2),
                       signer, bus)
+    authenticator = authenticator_for(settings)
     collector = Collector(
         settings,
         nodes,
@@ -47,12 +48,12 @@ def create_app(settings: CollectorSettings | None = None) -> FastStream:
         probes,
         prober,
         peers=peers,
-        authenticator=authenticator_for(settings),
+        authenticator=authenticator,
     )
     subscribe(broker, settings, Topic.NODE_REPORTS, "collector", collector.on_reports,
               batch_records=settings.batch_max_records)
     subscribe(broker, settings, Topic.NODE_COMMAND_RESULTS, "collector-probes", prober.on_result,
-              seal=result_seal(settings))
+              seal=result_seal(settings, authenticator))
     return build_app(
         broker,
         settings,

@@ -41,11 +41,12 @@ def create_app(settings: RouterSettings | None = None) -> FastStream:
         StatsStore(keys, settings.stats_ttl_s),
     )
     limit = settings.max_message_bytes
-    feed = ReportFeed(router.registry, dead_letters, limit, authenticator_for(settings),
+    authenticator = authenticator_for(settings)
+    feed = ReportFeed(router.registry, dead_letters, limit, authenticator,
                       require_mac=settings.require_report_mac)
     subscribe(broker, settings, Topic.ML_TASKS_SUBMITTED, "router", router.on_submitted)
     subscribe(broker, settings, Topic.NODE_COMMAND_RESULTS, "router-results", router.on_result,
-              seal=result_seal(settings))
+              seal=result_seal(settings, authenticator))
     subscribe(broker, settings, Topic.NODE_REPORTS, "router-registry", feed.on_reports,
               batch_records=settings.batch_max_records)
     return build_app(
