@@ -85,6 +85,15 @@ class ServiceSettings(BaseSettings):
         default=".state",
         validation_alias=AliasChoices("WARDEN_STATE_DIR", "state_dir"),
     )
+    outbox_grace_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3_600,
+        validation_alias=AliasChoices("WARDEN_OUTBOX_GRACE_S", "outbox_grace_s"),
+        description="An event written with its state change and still unpublished after this "
+                    "is published by the outbox relay (services/shared/outbox.py): longer than "
+                    "a publish takes while the broker is slow, or it goes out twice.",
+    )
     # The health endpoints of a FastStream service (services/shared/health, docs/helm.md).
     # Off by default: the demo and the tests run many services on one machine, and one port
     # for all would collide; a pod has one service and turns them on.

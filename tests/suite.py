@@ -5,7 +5,7 @@ Every test is sorted by what it needs, from its fixtures and folder, never by ha
 - ``unit``: pure code, no service and no browser (`make unit` runs only these);
 - ``service``: one part against a real redis-server, Kafka broker or PostgreSQL;
 - ``integration``: services started as processes, talking through the real broker
-  (everything under ``tests/integration/``);
+  (everything under ``tests/integration/`` and ``tests/chaos/``, the fault scenarios);
 - ``browser``: an integration test that drives Debian's chromium (the ``chromium`` fixture).
 
 Each kind is also a marker (``-m "not service"``), and a test needing a particular server
@@ -45,10 +45,14 @@ def needs_of(item: pytest.Item) -> set[str]:
     return needs
 
 
+INTEGRATION_TREES = (("tests", "integration"), ("tests", "chaos"))
+
+
 def in_integration_tree(path: Path) -> bool:
-    """Under a tests/integration folder (this suite's, or one a test of this plugin makes)."""
+    """Under a tests/integration or tests/chaos folder (this suite's, or one a test of this
+    plugin makes)."""
     parts = path.parts
-    return any(parts[i:i + 2] == ("tests", "integration") for i in range(len(parts) - 1))
+    return any(parts[i:i + 2] in INTEGRATION_TREES for i in range(len(parts) - 1))
 
 
 def kinds_of(item: pytest.Item) -> set[str]:

@@ -15,6 +15,7 @@ from services.analyzer.planning import planner_for
 from services.analyzer.settings import AnalyzerSettings
 from services.analyzer.store import AnalyzerStore, PoolStore
 from services.shared.health import checks
+from services.shared.outbox import outbox_period_s
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import build_app
 
@@ -42,7 +43,8 @@ def create_app(settings: AnalyzerSettings | None = None) -> FastStream:
               limit=2 * 1024 * 1024)
     subscribe(broker, settings, Topic.OPS_NODE_STATE, "analyzer-node-state",
               analyzer.on_node_state)
-    loops = [("pool-analysis", settings.pool_period_s, analyzer.analyze_pools)]
+    loops = [("pool-analysis", settings.pool_period_s, analyzer.analyze_pools),
+             ("outbox-relay", outbox_period_s(settings), analyzer.relay_outbox)]
     closers: list[Callable[[], Awaitable[None]]] = [redis.aclose]
     if settings.planning.enabled:
         planner = planner_for(settings, pools, bus)

@@ -13,6 +13,7 @@ from datetime import datetime
 from uuid import uuid5
 
 from common.clock import Clock
+from common.crashpoints import crash_point
 from common.messaging import EventBus
 from schemas import ids
 from schemas.events.v1 import (
@@ -172,22 +173,28 @@ class Analyzer:
         return needs
 
     async def publish(self, needs: list[OpsNeed]) -> None:
-        """Publish needs that are not already open (an identical open need is not raised)."""
-        fresh = []
-        for need in needs:
-            # The ranges it was raised under travel with it, to the executor's guards.
-            need = need.model_copy(update={
-                "ranges": self.settings.ranges_for(need.cluster_id, need.pool),
-                "dry_run": need.dry_run or self.settings.dry_run,
-            })
-            if await self.store.open_need(need.cluster_id, need.kind, need.target,
-                                          self.settings.open_need_ttl_s):
-                fresh.append(need)
-                log.info("need %s for %s%s: %s", need.kind, need.target,
-                         " (dry run)" if need.dry_run else "",
-                         need.evidence[0].detail or need.evidence[0].metric)
-        await self.bus.publish_many(Topic.OPS_NEEDS, fresh)
+        """Publish needs that are not already open (an identical open need is not raised).
 
+        Marking a need open and keeping it to publish are one Redis call (the outbox): a
+        crash before the broker has it leaves it to the relay, never lost behind its mark."""
+        needs = [need.model_copy(update={
+            # The ranges it was raised under travel with it, to the executor's guards.
+            "ranges": self.settings.ranges_for(need.cluster_id, need.pool),
+            "dry_run": need.dry_run or self.settings.dry_run,
+        }) for need in needs]
+        fresh = await self.store.open_needs(needs, self.settings.open_need_ttl_s, self.clock())
+        for need in fresh:
+            log.info("need %s for %s%s: %s", need.kind, need.target,
+                     " (dry run)" if need.dry_run else "",
+                     need.evidence[0].detail or need.evidence[0].metric)
+        if fresh:
+            crash_point("analyzer.after_open_need")
+        await self.bus.publish_many(Topic.OPS_NEEDS, fresh)
+        await self.store.outbox.delivered(need.event_id for need in fresh)
+
+    async def relay_outbox(self) -> None:
+        """Publish the needs a dead analyzer marked open and left unpublished."""
+        await self.store.outbox.relay(self.bus, self.clock(), self.settings.outbox_grace_s)
 
 def pool_health(pool: PoolObservation, now: datetime) -> PoolHealth:
     """The published health of a pool at one analysis period."""

@@ -8,11 +8,15 @@ from datetime import datetime
 
 from redis.asyncio import Redis
 
-from schemas.events.v1 import Sample
+from schemas.events.v1 import OpsNeed, Sample
+from schemas.topics import Topic
 from services.analyzer.conditions import ConditionState
 from services.analyzer.observation import NodeLoad, PoolObservation, PoolSpread
 from services.shared.demand import OPS_TASKS, parse_entries, total
+from services.shared.outbox import OUTBOX_LUA, Outbox, epoch_ms, record
 from services.shared.redis_client import Keys, members, text
+
+OUTBOX_OWNER = "analyzer"
 
 # Updates the consecutive-fault run of every node in a batch in one atomic call, and returns
 # the runs. A sample already counted (redelivery) returns the run without counting it again.
@@ -66,6 +70,24 @@ class FatalEpisode:
     starts_now: bool  # this report began the run, so the episode is recorded now
 
 
+# Marks needs open (KEYS[3..], ARGV[1] their TTL) and writes each one that was not open yet to
+# the outbox (KEYS[1..2]) under its id: ARGV[2] now (epoch ms), then id, record per need.
+# Returns 1 per need opened now, 0 per need already open.
+OPEN_NEEDS = OUTBOX_LUA + """
+local out = {}
+for i = 3, #KEYS do
+  local n = i - 2
+  if redis.call('SET', KEYS[i], '1', 'NX', 'EX', tonumber(ARGV[1])) then
+    outbox_append(KEYS[1], KEYS[2], ARGV[1 + 2 * n], ARGV[2], ARGV[2 + 2 * n])
+    out[n] = 1
+  else
+    out[n] = 0
+  end
+end
+return out
+"""
+
+
 class AnalyzerStore:
     """Small, idempotent facts the analyzer keeps between events."""
 
@@ -73,6 +95,8 @@ class AnalyzerStore:
         self.redis = redis
         self.keys = keys
         self.run_ttl_s = run_ttl_s
+        self.outbox = Outbox(redis, keys, OUTBOX_OWNER)
+        self._open = redis.register_script(OPEN_NEEDS)
         self._runs = redis.register_script(FAULT_RUNS)
         self._episodes = redis.register_script(FATAL_EPISODES)
 
@@ -102,10 +126,19 @@ class AnalyzerStore:
             args += [e.episode_id, 1 if e.starts_now else 0]
         return [int(v) for v in await self._episodes(keys=keys, args=args)]
 
-    async def open_need(self, cluster: str, kind: str, target: str, ttl_s: int) -> bool:
-        """True if no need of this kind is open for `target` (and marks one open)."""
-        key = self.keys.open_need(cluster, kind, target)
-        return bool(await self.redis.set(key, b"1", nx=True, ex=ttl_s))
+    async def open_needs(self, needs: list[OpsNeed], ttl_s: int, now: datetime) -> list[OpsNeed]:
+        """The needs of which none of the same kind was open for their target; each is marked
+        open and written to the outbox in the same call, so a crash before it is published
+        leaves it for the relay instead of losing it while the mark blocks its raising again."""
+        if not needs:
+            return []
+        keys = [*self.outbox.script_keys,
+                *(self.keys.open_need(n.cluster_id, n.kind, n.target) for n in needs)]
+        args: list[str | int] = [ttl_s, epoch_ms(now)]
+        for need in needs:
+            args += [str(need.event_id), record(Topic.OPS_NEEDS, need)]
+        opened = await self._open(keys=keys, args=args)
+        return [need for need, fresh in zip(needs, opened, strict=True) if int(fresh)]
 
 
 # Downsamples a series into several resolutions: for each (seconds, length) pair, values in

@@ -15,6 +15,7 @@ from services.collector.peers import PeerStore, PeerWatch
 from services.collector.settings import CollectorSettings
 from services.collector.store import NodeStore, ProbeStore
 from services.shared.health import checks
+from services.shared.outbox import outbox_period_s
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import build_app
 
@@ -59,7 +60,8 @@ def create_app(settings: CollectorSettings | None = None) -> FastStream:
         settings,
         loops=[("heartbeat-sweep", settings.sweep_interval_s, collector.sweep_heartbeats),
                ("probes", settings.sweep_interval_s, prober.tick),
-               ("peers", settings.peer_assign_period_s, collector.assign_peers)],
+               ("peers", settings.peer_assign_period_s, collector.assign_peers),
+               ("outbox-relay", outbox_period_s(settings), collector.relay_outbox)],
         starters=[bulk.start],
         closers=[bulk.stop, redis.aclose],
         dependencies=[checks.redis(redis)],

@@ -15,6 +15,7 @@ from opentelemetry import metrics, trace
 from pydantic import ValidationError
 
 from common.clock import Clock
+from common.crashpoints import crash_point
 from common.deadletter import DeadLetterPolicy, classify, records_of
 from common.errors import PermanentError
 from common.messaging import BulkPublisher, EventBus, parse_event
@@ -244,7 +245,14 @@ class Collector:
                     change = await self._silent(cluster, row, now)
                     if change is not None:
                         changes.append(change)
+                if changes:
+                    crash_point("collector.after_mark_silent")
                 await self.bus.publish_many(Topic.OPS_NODE_STATE, changes)
+                await self.store.outbox.delivered(change.event_id for change in changes)
+
+    async def relay_outbox(self) -> None:
+        """Publish the state changes a dead collector made and left unannounced."""
+        await self.store.outbox.relay(self.bus, self.clock(), self.settings.outbox_grace_s)
 
     async def _silent(self, cluster: str, row: NodeRow, now: datetime) -> NodeState | None:
         """One silent node's next state, and its state change if there is one."""
@@ -270,26 +278,33 @@ class Collector:
                 state, agent_dead = "suspect", True
                 next_check = now.timestamp() + row.interval_s * settings.suspect_after_intervals
                 reason += f"; agent dead: {judgement.detail()}"
-        previous = await self.store.mark_silent(cluster, row, state, next_check,
-                                                policy.HEARTBEAT_TRACKED_STATES)
+
+        def announcement(previous: NodeStateName) -> NodeState:
+            return NodeState(
+                event_id=policy.derived_id("silent", cluster, row.node_id, row.last_report_at,
+                                           "agent_dead" if agent_dead else state),
+                source=SOURCE, occurred_at=now, cluster_id=cluster, subject=row.node_id,
+                node_id=row.node_id, pool=row.pool, state=state, previous=previous,
+                reason=reason, last_report_at=last, agent_dead=agent_dead,
+            )
+
+        # The event is written with the change (the outbox): one for each state it may be in.
+        change = await self.store.mark_silent(
+            cluster, row, state, next_check,
+            {before: announcement(cast(NodeStateName, before))
+             for before in policy.HEARTBEAT_TRACKED_STATES}, now)
         if agent_dead and self.peers is not None:
             # Said once per silence, whether or not the state itself changed now.
             first = await self.peers.store.first_agent_death(
                 cluster, row.node_id, row.last_report_at, settings.stale_after_s * 6)
-            if previous is None and first and row.state in policy.HEARTBEAT_TRACKED_STATES:
-                previous = cast(NodeStateName, row.state)  # still suspect, now agent dead
-        if previous is None:
+            if change is None and first and row.state in policy.HEARTBEAT_TRACKED_STATES:
+                change = announcement(cast(NodeStateName, row.state))  # still suspect
+        if change is None:
             return None
         if state == "suspect" and not agent_dead and self.probes is not None:
             # The heartbeat side saw silence: ask the node directly, now.
             await self.probes.probe_now(cluster, row.node_id, now)
-        return NodeState(
-            event_id=policy.derived_id("silent", cluster, row.node_id, row.last_report_at,
-                                       "agent_dead" if agent_dead else state),
-            source=SOURCE, occurred_at=now, cluster_id=cluster, subject=row.node_id,
-            node_id=row.node_id, pool=row.pool, state=state, previous=previous,
-            reason=reason, last_report_at=last, agent_dead=agent_dead,
-        )
+        return change
 
     async def assign_peers(self) -> None:
         """Tell the nodes whose peers changed which peers to probe (one instance per tick)."""

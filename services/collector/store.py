@@ -8,9 +8,13 @@ from typing import cast
 
 from redis.asyncio import Redis
 
-from schemas.events.v1 import NodeReport, NodeStateName
+from schemas.events.v1 import NodeReport, NodeState, NodeStateName
+from schemas.topics import Topic
 from services.shared.nodes import NodeRecords
+from services.shared.outbox import OUTBOX_LUA, Outbox, epoch_ms, record
 from services.shared.redis_client import Keys, members, text
+
+OUTBOX_OWNER = "collector"
 
 # Applies a batch of reports in one atomic call (one script call per batch, not per report,
 # keeps Redis's share of the 5,000 reports/s path small). For each report, in order:
@@ -124,20 +128,22 @@ return out
 # for none), only if no report arrived since the sweep read it (a report reschedules itself),
 # moving it between states in its pool's aggregate (KEYS[3]) too, and out of the pool's up
 # members (KEYS[4]) and up members with movable work (KEYS[5]) when it leaves up. A node in
-# a state the heartbeat does not track (offline) leaves the schedule.
-MARK_SILENT = """
+# a state the heartbeat does not track (offline) leaves the schedule. The state change
+# announces itself through the outbox (KEYS[6..7]): ARGV[5] now (epoch ms), ARGV[6] the
+# event id, then per tracked state the event as it reads if the node was in that state.
+MARK_SILENT = OUTBOX_LUA + """
 if redis.call('HGET', KEYS[1], 'last_report_at') ~= ARGV[1] then return false end
 local state = redis.call('HGET', KEYS[1], 'state') or ''
-local tracked = false
-for i = 5, #ARGV do
-  if state == ARGV[i] then tracked = true end
+local announce = nil
+for i = 7, #ARGV, 2 do
+  if state == ARGV[i] then announce = ARGV[i + 1] end
 end
-if (not tracked) or ARGV[3] == '' then
+if (not announce) or ARGV[3] == '' then
   redis.call('ZREM', KEYS[2], ARGV[4])
 else
   redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
 end
-if (not tracked) or state == ARGV[2] then return false end
+if (not announce) or state == ARGV[2] then return false end
 redis.call('HSET', KEYS[1], 'state', ARGV[2])
 redis.call('HINCRBY', KEYS[3], 'n_' .. state, -1)
 redis.call('HINCRBY', KEYS[3], 'n_' .. ARGV[2], 1)
@@ -151,6 +157,7 @@ if state == 'up' then
   redis.call('ZREM', KEYS[4], ARGV[4])
   redis.call('ZREM', KEYS[5], ARGV[4])
 end
+outbox_append(KEYS[6], KEYS[7], ARGV[6], ARGV[5], announce)
 return state
 """
 
@@ -197,6 +204,7 @@ class NodeStore:
         self.history_minutes = history_minutes
         self._apply = redis.register_script(APPLY_REPORTS)
         self._mark = redis.register_script(MARK_SILENT)
+        self.outbox = Outbox(redis, keys, OUTBOX_OWNER)
         self._records = NodeRecords(redis, keys)
 
     async def apply_reports(
@@ -262,18 +270,27 @@ class NodeStore:
 
     async def mark_silent(
         self, cluster: str, row: NodeRow, new_state: NodeStateName, next_check: float | None,
-        from_states: frozenset[str],
-    ) -> NodeStateName | None:
-        """Set the state of a silent node; returns the previous state if it changed."""
+        announcements: dict[str, NodeState], now: datetime,
+    ) -> NodeState | None:
+        """Set the state of a silent node; returns the event that announces the change, if
+        it changed: the one of `announcements` (tracked state before -> event) for the state
+        it left, which the same call wrote to the outbox. A state not in `announcements` is
+        not the heartbeat's to change."""
+        ids = {str(event.event_id) for event in announcements.values()}
+        if len(ids) != 1:
+            raise ValueError(f"one state change is one event, not {sorted(ids)}")
+        args: list[str | int] = [
+            row.last_report_at, new_state, "" if next_check is None else f"{next_check:.6f}",
+            row.node_id, epoch_ms(now), ids.pop()]
+        for before, event in sorted(announcements.items()):
+            args += [before, record(Topic.OPS_NODE_STATE, event)]
         prev = await self._mark(
             keys=[self.keys.node(cluster, row.node_id), self.keys.heartbeat_due(cluster),
                   self.keys.pool(cluster, row.pool), self.keys.pool_nodes(cluster, row.pool),
-                  self.keys.pool_movable(cluster, row.pool)],
-            args=[row.last_report_at, new_state,
-                  "" if next_check is None else f"{next_check:.6f}", row.node_id,
-                  *sorted(from_states)],
+                  self.keys.pool_movable(cluster, row.pool), *self.outbox.script_keys],
+            args=args,
         )
-        return prev.decode() if prev else None
+        return announcements[text(prev)] if prev else None
 
     async def forget(self, cluster: str, node: str) -> NodeStateName | None:
         """Drop a node that left the cluster for good; returns the state it had, if any."""

@@ -16,7 +16,7 @@ Where a running workflow waits:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any, Literal, NamedTuple, cast
 
@@ -89,9 +89,12 @@ class Patch:
     reason: str | None = None
     pause: PauseRequest | None = None
     clear_pause: bool = False
+    final: FinalNotice | None = None  # to a final state: how its end is announced
 
     def fields(self) -> dict[str, str]:
         out: dict[str, str] = {}
+        if self.final is not None:
+            out["finalise"] = self.final.to_json()
         if self.fresh_run is not None:
             out.update(step_state="scheduled", attempt="0", run=str(self.fresh_run),
                        command_id="", query_id="", waiting="0", cause="", reason="",
@@ -111,6 +114,43 @@ class Patch:
         elif self.clear_pause:
             out["pause"] = ""
         return out
+
+
+@dataclass(frozen=True)
+class FinalNotice:
+    """How a task's end is announced: its final TaskEvent, the release of its locks and its
+    parent's count. The script that makes the state final keeps the notice with it and indexes
+    the task as owing it, so an executor that dies before announcing leaves the announcement
+    to the recovery sweep of any executor; it is done once `Journal.announced` says so."""
+
+    state: TaskState
+    previous: TaskState
+    reason: str
+    cause: str = ""
+    actor: str = "executor"
+    run: int = 0
+    step: int | None = None
+    event_key: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str) -> FinalNotice:
+        data = json.loads(raw)
+        step = data.get("step")
+        extra = data.get("extra")
+        return cls(
+            state=cast(TaskState, str(data["state"])),
+            previous=cast(TaskState, str(data["previous"])),
+            reason=str(data.get("reason", "")), cause=str(data.get("cause", "")),
+            actor=str(data.get("actor") or "executor"), run=int(data.get("run") or 0),
+            step=None if step is None else int(step),
+            event_key=str(data["event_key"]) if data.get("event_key") else None,
+            # cjson writes an empty table as {}; a notice made in Lua has no extra at all
+            extra=dict(extra) if isinstance(extra, dict) else {},
+        )
 
 
 @dataclass(frozen=True)
@@ -136,6 +176,7 @@ class Workflow:
     waiting_outputs: dict[str, OutputValue] | None = None
     reason: str = ""
     cause: str = ""
+    final: FinalNotice | None = None  # the announcement its final state owes
 
     @property
     def task_id(self) -> str:
@@ -244,6 +285,7 @@ class Journal:
             waiting_outputs=json.loads(row.get("waiting_outputs") or "{}"),
             reason=row.get("reason", ""),
             cause=row.get("cause", ""),
+            final=FinalNotice.from_json(row["finalise"]) if row.get("finalise") else None,
         )
 
     async def task_of_command(self, command_id: str) -> str | None:
@@ -301,13 +343,13 @@ class Journal:
 
     # -------------------------------------------------------- starting and ending steps
 
-    async def start(self, task: OpsTask, epoch: int, kick_ms: int) -> Started:
+    async def start(self, task: OpsTask, epoch: int, kick_ms: int, now_ms: int) -> Started:
         """Create the workflow; the outcome, and the pending control applied at creation."""
         task_id = str(task.task_id)
         reply = await self._start(
             keys=[self.keys.workflow(task_id), self.keys.workflow_controls(task_id),
-                  self.keys.workflow_deadlines()],
-            args=[epoch, task.model_dump_json(), kick_ms, task_id, FINAL_TTL_S],
+                  self.keys.workflow_deadlines(), self.keys.workflow_unannounced()],
+            args=[epoch, task.model_dump_json(), kick_ms, task_id, FINAL_TTL_S, now_ms],
         )
         values = [_decode(v) for v in reply]
         outcome = cast(StartOutcome, values[0])
@@ -323,18 +365,19 @@ class Journal:
                   INDEX_TTL_S],
         ))
 
-    async def step_ended(self, wf: Workflow, outcome: StepOutcome, *,
-                         outputs: dict[str, Any] | None = None, kick_ms: int = 0,
-                         retry_at_ms: int | None = None, reason: str = "",
+    async def step_ended(self, wf: Workflow, outcome: StepOutcome, final: FinalNotice,
+                         now_ms: int, *, outputs: dict[str, Any] | None = None,
+                         kick_ms: int = 0, retry_at_ms: int | None = None, reason: str = "",
                          cause: str = "") -> Ended:
-        """End the current step (CAS on step, attempt, run and command id)."""
+        """End the current step (CAS on step, attempt, run and command id); `final` is how
+        the task's end is announced if this ends it."""
         reply = await self._ended(
             keys=[self.keys.workflow(wf.task_id), self.keys.workflow_deadlines(),
-                  self.keys.workflow_retries()],
+                  self.keys.workflow_retries(), self.keys.workflow_unannounced()],
             args=[wf.command_id, wf.step, wf.attempt, wf.run, outcome,
                   json.dumps(outputs or {}), wf.task_id, kick_ms,
                   "" if retry_at_ms is None else retry_at_ms, short_text(reason), cause,
-                  FINAL_TTL_S, len(wf.task.steps)],
+                  FINAL_TTL_S, len(wf.task.steps), final.to_json(), now_ms],
         )
         values = [_decode(v) for v in reply]
         boundary = cast(Boundary, values[0])
@@ -392,14 +435,30 @@ class Journal:
 
     async def transition(self, wf: Workflow, control_id: str, patch: Patch, *,
                          timers: Literal["keep", "clear", "kick"] = "keep", kick_ms: int = 0,
-                         ttl: Literal["keep", "persist", "expire"] = "keep") -> Transition:
-        """Apply an operator's transition if the workflow is still as read."""
+                         ttl: Literal["keep", "persist", "expire"] = "keep",
+                         now_ms: int = 0) -> Transition:
+        """Apply an operator's transition if the workflow is still as read (one to a final
+        state, with the patch's `final`, owes its announcement from `now_ms` on)."""
         return _TRANSITIONS[int(await self._transition(
             keys=[self.keys.workflow(wf.task_id), self.keys.workflow_deadlines(),
-                  self.keys.workflow_retries(), self.controls_seen(wf.task_id)],
+                  self.keys.workflow_retries(), self.controls_seen(wf.task_id),
+                  self.keys.workflow_unannounced()],
             args=[wf.version, wf.task_id, control_id, json.dumps(patch.fields()), timers,
-                  kick_ms, ttl, FINAL_TTL_S],
+                  kick_ms, ttl, FINAL_TTL_S, now_ms],
         ))]
+
+    async def announced(self, task_id: str) -> None:
+        """A task's end is announced: it owes nothing any more."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.zrem(self.keys.workflow_unannounced(), task_id)
+            pipe.hdel(self.keys.workflow(task_id), "finalise")
+            await pipe.execute()
+
+    async def unannounced(self, ended_before_ms: int, limit: int = 200) -> list[str]:
+        """Tasks ended before `ended_before_ms` whose end is still not announced (their
+        executor died in between, or is slow past the grace)."""
+        return members(await self.redis.zrangebyscore(
+            self.keys.workflow_unannounced(), "-inf", ended_before_ms, start=0, num=limit))
 
     async def pending_control(self, task_id: str) -> Pending | None:
         raw = await self.redis.hgetall(self.keys.workflow_controls(task_id))

@@ -13,10 +13,17 @@ local function field(name, default)
   return default
 end
 local function bump() redis.call('HINCRBY', KEYS[1], 'version', 1) end
+-- A workflow ended here owes its final announcement (event, locks, parent) until the executor
+-- says it made it: the notice is kept with the final state, the task indexed by when.
+local function owe_final(index, notice, at_ms, task_id)
+  redis.call('HSET', KEYS[1], 'finalise', notice)
+  redis.call('ZADD', index, at_ms, task_id)
+end
 """
 
 # Creates the workflow (applying a control that arrived before it), or takes it over under a
-# newer epoch. Returns {'new'|'paused'|'terminated'|'takeover'|'stale', actor, reason, id}.
+# newer epoch. A task terminated before it arrived owes its announcement (KEYS[4], ARGV[6]
+# now in ms). Returns {'new'|'paused'|'terminated'|'takeover'|'stale', actor, reason, id}.
 START = _FIELD + """
 local epoch = redis.call('HGET', KEYS[1], 'epoch')
 if epoch and tonumber(epoch) >= tonumber(ARGV[1]) then return {'stale'} end
@@ -41,6 +48,8 @@ if state == 'running' then redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4]) end
 if state == 'terminated' then
   redis.call('HSET', KEYS[1], 'cause', 'terminated', 'reason', reason)
   redis.call('EXPIRE', KEYS[1], ARGV[5])
+  owe_final(KEYS[4], cjson.encode({state = 'terminated', previous = 'dispatched',
+    reason = 'terminate: ' .. reason, cause = 'terminated', actor = actor}), ARGV[6], ARGV[4])
 end
 if state == 'running' then return {'new', actor, reason, control} end
 return {state, actor, reason, control}
@@ -67,6 +76,7 @@ return 1
 # Ends the current step: ARGV[5] is 'completed', 'skipped' (a scheduled step whose guard
 # does not hold) or 'failed' (with a retry due at ARGV[9] epoch ms, or '' for no retry).
 # Then moves to the next step, pauses there if a pause was requested, or finishes the task.
+# A final state owes its announcement (KEYS[4], ARGV[14] the notice, ARGV[15] now in ms).
 # Returns {'next'|'retry'|'paused'|'succeeded'|'failed'|'stale', pause request}.
 STEP_ENDED = _FIELD + """
 local wf = KEYS[1]
@@ -93,6 +103,7 @@ if outcome ~= 'failed' then
     redis.call('HSET', wf, 'step_state', outcome, 'state', 'succeeded', 'reason', ARGV[10],
       'cause', '', 'pause', '')
     redis.call('EXPIRE', wf, ARGV[12])
+    owe_final(KEYS[4], ARGV[14], ARGV[15], ARGV[7])
     return {'succeeded'}
   end
   redis.call('HSET', wf, 'step', nxt, 'attempt', 0, 'step_state', 'scheduled',
@@ -102,6 +113,7 @@ else
     redis.call('HSET', wf, 'step_state', 'failed', 'state', 'failed', 'reason', ARGV[10],
       'cause', ARGV[11], 'pause', '', 'query_id', '')
     redis.call('EXPIRE', wf, ARGV[12])
+    owe_final(KEYS[4], ARGV[14], ARGV[15], ARGV[7])
     return {'failed'}
   end
   redis.call('HSET', wf, 'attempt', tonumber(ARGV[3]) + 1, 'step_state', 'scheduled',
@@ -195,13 +207,16 @@ return {redis.call('SCARD', KEYS[2]), redis.call('HLEN', KEYS[3]), failed}
 # An operator's transition, applied only if nothing changed since the workflow was read
 # (version ARGV[1]) and this control (ARGV[3]) was not applied before. ARGV[4] holds the
 # fields to set; ARGV[5] what becomes of its timers: 'keep', 'clear' (paused, final) or
-# 'kick' (start the scheduled step by ARGV[6]); ARGV[7] 'persist' | 'expire' | 'keep'.
+# 'kick' (start the scheduled step by ARGV[6]); ARGV[7] 'persist' | 'expire' | 'keep'. A
+# transition to a final state sets the field 'finalise' and so owes its announcement
+# (KEYS[5], ARGV[9] now in ms).
 # Returns 1 applied, 0 changed meanwhile, -1 a duplicate control.
 TRANSITION = _FIELD + """
 if tonumber(field('version', '0')) ~= tonumber(ARGV[1]) then return 0 end
 if ARGV[3] ~= '' and redis.call('SISMEMBER', KEYS[4], ARGV[3]) == 1 then return -1 end
 local fields = cjson.decode(ARGV[4])
 for name, value in pairs(fields) do redis.call('HSET', KEYS[1], name, value) end
+if fields['finalise'] then owe_final(KEYS[5], fields['finalise'], ARGV[9], ARGV[2]) end
 bump()
 if ARGV[5] == 'clear' then
   redis.call('ZREM', KEYS[2], ARGV[2])

@@ -31,7 +31,15 @@ from schemas.events.v1 import TaskControl, TaskState
 from services.executor.commands import CommandSender
 from services.executor.control import FINAL_STATES, ControlAction, Decision, decide_control
 from services.executor.events import TaskEvents
-from services.executor.journal import Journal, Patch, PauseRequest, Transition, Workflow
+from services.executor.journal import (
+    FinalNotice,
+    Journal,
+    Patch,
+    PauseRequest,
+    Transition,
+    Workflow,
+    epoch_ms,
+)
 from services.executor.settings import ExecutorSettings
 from services.executor.workflow import WorkflowCore
 from services.shared.locks import Locks, lock_ttl_s
@@ -145,7 +153,7 @@ class OperatorControls:
                 await self._refuse(control, wf, control_id,
                                    f"lock {held.lock} is held by task {held.owner}", via)
                 return True
-        applied = await self._apply(control, wf, control_id, decision)
+        applied = await self._apply(control, wf, control_id, decision, via)
         if applied == "changed":
             return False
         if applied == "duplicate":
@@ -192,7 +200,7 @@ class OperatorControls:
         return control.action == "jump" and wf.state == "failed"
 
     async def _apply(self, control: TaskControl, wf: Workflow, control_id: str,
-                     decision: Decision) -> Transition:
+                     decision: Decision, via: Via | None) -> Transition:
         action, transition = control.action, self.journal.transition
         if action == "pause" and decision.at_boundary:
             request = PauseRequest(control.actor, control.reason, control_id)
@@ -219,8 +227,9 @@ class OperatorControls:
                                       fresh_run=wf.run + 1), timers="clear", ttl="persist")
         return await transition(
             wf, control_id, Patch(state="terminated", cause="terminated", clear_pause=True,
-                                  reason=short_text(f"terminate: {control.reason}")),
-            timers="clear", ttl="expire")
+                                  reason=short_text(f"terminate: {control.reason}"),
+                                  final=terminated(control, wf, control_id, via)),
+            timers="clear", ttl="expire", now_ms=epoch_ms(self.core.clock()))
 
     async def _after_control(self, control: TaskControl, wf: Workflow, control_id: str,
                              decision: Decision, via: Via | None) -> None:
@@ -233,10 +242,7 @@ class OperatorControls:
             if not await self.core.runs_in_centre(wf):
                 # A backend's step has no agent command to cancel: it ends by itself.
                 await self.commands.cancel(wf)
-            await self.core.finalise(wf.task, "terminated", previous,
-                                     f"terminate: {control.reason}", cause="terminated",
-                                     actor=control.actor, run=wf.run, step=wf.step,
-                                     event_key=key, extra=extra)
+            await self.core.finalise(wf.task, terminated(control, wf, control_id, via))
             return
         state: TaskState = decision.new_state
         if decision.at_boundary or decision.withdraw_pause:
@@ -261,3 +267,12 @@ class OperatorControls:
         await self.journal.mark_control_seen(wf.task_id, control_id)
         log.info("task %s: refused %s by %s: %s", wf.task_id, control.action, control.actor,
                  why)
+
+
+def terminated(control: TaskControl, wf: Workflow, control_id: str,
+               via: Via | None) -> FinalNotice:
+    """How an operator's terminate of a journaled workflow announces the task's end."""
+    return FinalNotice("terminated", wf.state, f"terminate: {control.reason}",
+                       cause="terminated", actor=control.actor, run=wf.run, step=wf.step,
+                       event_key=f"control:{control_id}",
+                       extra=via.outputs() if via else {})

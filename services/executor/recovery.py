@@ -60,6 +60,20 @@ class Recovery:
             await self._guarded(task_id, self._overdue(task_id, now_ms))
         for task_id in await self.journal.due_retries(now_ms):
             await self._guarded(task_id, self._retry_due(task_id))
+        grace_ms = int(self.settings.outbox_grace_s * 1000)
+        for task_id in await self.journal.unannounced(now_ms - grace_ms):
+            await self._guarded(task_id, self._announce(task_id))
+
+    async def _announce(self, task_id: str) -> None:
+        """A task the journal ended and whose end nobody announced: its executor died in
+        between (or is slower than the grace, and the event then goes out twice, under one id)."""
+        wf = await self.journal.load(task_id)
+        if wf is None or wf.final is None:
+            await self.journal.announced(task_id)  # expired, or announced meanwhile
+            return
+        log.warning("task %s ended %s without its announcement: announcing it now", task_id,
+                    wf.final.state)
+        await self.core.finalise(wf.task, wf.final)
 
     async def renew_locks(self) -> None:
         """Every running task's locks live on while it runs: their TTL is the task's worst

@@ -19,6 +19,7 @@ from typing import Any
 from uuid import UUID
 
 from common.clock import Clock
+from common.crashpoints import crash_point
 from common.errors import INFRASTRUCTURE_ERRORS, PermanentError
 from common.reportauth import WRONG_SENDER
 from schemas.envelope import short_text
@@ -45,6 +46,7 @@ from services.executor.events import SOURCE, TaskEvents, bounded
 from services.executor.journal import (
     ChildCounts,
     Ended,
+    FinalNotice,
     Journal,
     PauseRequest,
     Workflow,
@@ -86,7 +88,8 @@ class WorkflowCore:
 
     async def on_scheduled(self, scheduled: TaskScheduled) -> None:
         task = scheduled.task
-        outcome, pending = await self.journal.start(task, scheduled.epoch, self.kick_ms())
+        outcome, pending = await self.journal.start(task, scheduled.epoch, self.kick_ms(),
+                                                    epoch_ms(self.clock()))
         if outcome == "stale":
             log.info("task %s epoch %d is not newer; ignored", task.task_id, scheduled.epoch)
             return
@@ -98,9 +101,9 @@ class WorkflowCore:
                 await self.locks.release(str(task.task_id), task.mutex_keys)
             return  # the running workflow goes on; its deadline sweep covers a lost command
         if outcome == "terminated" and pending is not None:
-            await self.finalise(task, "terminated", "dispatched",
-                                f"terminate: {pending.reason}", cause="terminated",
-                                actor=pending.actor)
+            await self.finalise(task, FinalNotice(
+                "terminated", "dispatched", f"terminate: {pending.reason}", cause="terminated",
+                actor=pending.actor or SOURCE))
             return
         if outcome == "paused" and pending is not None:
             await self.events.emit(task, "paused", "dispatched", actor=pending.actor, step=0,
@@ -133,8 +136,9 @@ class WorkflowCore:
     async def _skip(self, wf: Workflow, step: Step, why: str) -> bool:
         """Record a step skipped by its guard; True if the next step is to be started."""
         outputs = {"skipped": True, "guard": step.guard or "", "reason": short_text(why)}
-        ended = await self.journal.step_ended(wf, "skipped", outputs=outputs,
-                                              kick_ms=self.kick_ms(),
+        final = succeeded(wf)
+        ended = await self.journal.step_ended(wf, "skipped", final, epoch_ms(self.clock()),
+                                              outputs=outputs, kick_ms=self.kick_ms(),
                                               reason="every step completed or skipped")
         if ended.boundary == "stale":
             return False
@@ -144,7 +148,7 @@ class WorkflowCore:
                                       f"hold: {why}")
         if ended.boundary == "next":
             return True
-        await self._after_step(wf, ended, wf.step + 1)
+        await self._after_step(wf, ended, wf.step + 1, final)
         return False
 
     async def _start(self, wf: Workflow) -> None:
@@ -306,15 +310,16 @@ class WorkflowCore:
     async def step_succeeded(self, wf: Workflow, outputs: dict[str, Any]) -> None:
         task, index = wf.task, wf.step
         outputs = bounded(outputs)
-        ended = await self.journal.step_ended(wf, "completed", outputs=outputs,
-                                              kick_ms=self.kick_ms(),
+        final = succeeded(wf)
+        ended = await self.journal.step_ended(wf, "completed", final, epoch_ms(self.clock()),
+                                              outputs=outputs, kick_ms=self.kick_ms(),
                                               reason="every step completed or skipped")
         if ended.boundary == "stale":
             return
         await self.events.emit(task, "running", "running", step=index, step_state="completed",
                                command_id=UUID(wf.command_id), outputs=outputs, run=wf.run,
                                reason=f"{task.steps[index].name} completed")
-        await self._after_step(wf, ended, index + 1)
+        await self._after_step(wf, ended, index + 1, final)
 
     async def step_failed(self, wf: Workflow, outcome: str, reason: str, *,
                           permanent: bool = False, cause: str | None = None) -> None:
@@ -326,9 +331,13 @@ class WorkflowCore:
         delay_s = backoff_s(wf.attempt, self.settings.backoff_base_s,
                             self.settings.backoff_max_s)
         final_reason = f"step {step.name}: {outcome} {reason}"
-        retry_at_ms = epoch_ms(self.clock()) + int(delay_s * 1000) if retry else None
-        ended = await self.journal.step_ended(wf, "failed", retry_at_ms=retry_at_ms,
-                                              reason=final_reason, cause=cause)
+        now_ms = epoch_ms(self.clock())
+        retry_at_ms = now_ms + int(delay_s * 1000) if retry else None
+        final = FinalNotice("failed", "running", final_reason, cause=cause, run=wf.run,
+                            step=wf.step)
+        ended = await self.journal.step_ended(wf, "failed", final, now_ms,
+                                              retry_at_ms=retry_at_ms, reason=final_reason,
+                                              cause=cause)
         if ended.boundary == "stale":
             return
         then = (f"retry in {delay_s:g} s" if retry
@@ -338,10 +347,10 @@ class WorkflowCore:
                                run=wf.run, outputs={"cause": cause, "permanent": permanent},
                                reason=f"{step.name} attempt {wf.attempt + 1}: {outcome} {reason}; "
                                       f"{then}")
-        await self._after_step(wf, ended, wf.step, cause=cause, reason=final_reason)
+        await self._after_step(wf, ended, wf.step, final)
 
-    async def _after_step(self, wf: Workflow, ended: Ended, paused_at: int, *,
-                          cause: str = "", reason: str = "") -> None:
+    async def _after_step(self, wf: Workflow, ended: Ended, paused_at: int,
+                          final: FinalNotice) -> None:
         if ended.boundary == "next":
             await self.kick(wf.task_id)
         elif ended.boundary == "paused":
@@ -349,32 +358,37 @@ class WorkflowCore:
             await self.events.emit(wf.task, "paused", "running", step=paused_at, run=wf.run,
                                    actor=pause.actor or SOURCE, tag=f"paused:{pause.control_id}",
                                    outputs={"control": "pause"}, reason=f"pause: {pause.reason}")
-        elif ended.boundary == "succeeded":
-            await self.finalise(wf.task, "succeeded", "running", "every step completed",
-                                run=wf.run)
-        elif ended.boundary == "failed":
-            await self.finalise(wf.task, "failed", "running", reason, cause=cause,
-                                run=wf.run, step=wf.step)
+        elif ended.boundary in ("succeeded", "failed"):
+            await self.finalise(wf.task, final)
         # "retry": the retry sweep starts the next attempt when its backoff is over
 
-    async def finalise(self, task: OpsTask, state: TaskState, previous: TaskState,
-                       reason: str, *, cause: str = "", actor: str = SOURCE, run: int = 0,
-                       step: int | None = None, event_key: str | None = None,
-                       extra: dict[str, Any] | None = None) -> None:
-        """After the journal's final state: locks, the final event, the parent's count."""
+    async def finalise(self, task: OpsTask, final: FinalNotice) -> None:
+        """After the journal's final state: locks, the final event, the parent's count.
+
+        The journal kept `final` with the final state, so if this process dies part way the
+        recovery sweep does it all again (`announce_owed`); each part is idempotent (the event
+        keeps its id, a lock is released by its owner, a child counts once at its parent)."""
         await self.locks.release_task(task)
+        crash_point("executor.before_final_event")
         # need_kind and kind ride along so the scheduler's breaker can count the outcome;
         # cause lets it leave out what is not an adjustment failure (agent rejections).
         outputs: dict[str, Any] = {"need_kind": task.need_kind, "kind": task.kind}
-        if cause:
-            outputs["cause"] = cause
-        outputs.update(extra or {})
-        await self.events.emit(task, state, previous, reason=reason, outputs=outputs, actor=actor,
-                               run=run, step=step, event_key=event_key)
-        log.info("task %s %s: %s", task.task_id, state, reason)
+        if final.cause:
+            outputs["cause"] = final.cause
+        outputs.update(final.extra)
+        await self.events.emit(task, final.state, final.previous, reason=final.reason,
+                               outputs=outputs, actor=final.actor, run=final.run,
+                               step=final.step, event_key=final.event_key)
+        log.info("task %s %s: %s", task.task_id, final.state, final.reason)
         if task.parent_task_id is not None:
-            await self._child_finished(task, state)
+            await self._child_finished(task, final.state)
+        await self.journal.announced(str(task.task_id))
 
     def kick_ms(self) -> int:
         """When a scheduled step must have started by, else the sweep starts it."""
         return epoch_ms(self.clock() + timedelta(seconds=self.settings.start_grace_s))
+
+
+def succeeded(wf: Workflow) -> FinalNotice:
+    """How a task whose last step ends now announces its success."""
+    return FinalNotice("succeeded", "running", "every step completed", run=wf.run)

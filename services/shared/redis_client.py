@@ -241,9 +241,23 @@ class Keys:
         """Counter: the last command sequence number sent to a node of a cluster."""
         return f"{self.prefix}cmdseq:{cluster}:{node}"
 
+    def workflow_unannounced(self) -> str:
+        """ZSET task id -> when its journal ended it (epoch ms), until its final event, lock
+        release and parent count are done (services/executor/journal.py FinalNotice)."""
+        return f"{self.prefix}wf:unannounced"
+
     def workflow_deadlines(self) -> str:
         """ZSET task id -> deadline of its running step."""
         return f"{self.prefix}wf:deadlines"
+
+    def outbox(self, owner: str) -> str:
+        """ZSET event id -> when it may be relayed (epoch ms): the events a service wrote with
+        a state change and the broker has not yet acknowledged (services/shared/outbox.py)."""
+        return f"{self.prefix}outbox:{owner}"
+
+    def outbox_events(self, owner: str) -> str:
+        """HASH event id -> the topic and body of an event waiting in `outbox(owner)`."""
+        return f"{self.prefix}outbox-events:{owner}"
 
     def sweep_lock(self, name: str) -> str:
         return f"{self.prefix}sweep:{name}"
@@ -417,6 +431,9 @@ KEY_BOUNDS: dict[str, KeyBound] = {
     "command_seq": KeyBound("per_entity", "one counter per node"),
     "workflow_deadlines": KeyBound("until_done", "removed when the step ends"),
     "sweep_lock": KeyBound("ttl", "SET NX PX the sweep period"),
+    "outbox": KeyBound("until_done", "removed once the broker acknowledged the event"),
+    "outbox_events": KeyBound("until_done", "removed with its `outbox` entry"),
+    "workflow_unannounced": KeyBound("until_done", "removed once the task's end is announced"),
     "alert_raised": KeyBound("ttl", "SET NX PX the alert window"),
     "pool_nodes": KeyBound("per_entity", "one member per up node"),
     "pool_movable": KeyBound("per_entity", "one member per up node"),

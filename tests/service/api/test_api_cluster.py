@@ -11,7 +11,7 @@ import pytest
 from schemas.events.v1 import Alert, JobInfo, NodeReport, PoolHealth, now_utc, state_from_mode
 from schemas.topics import Topic
 from services.analyzer.observation import PoolObservation
-from services.analyzer.store import AnalyzerStore, PoolStore
+from services.analyzer.store import PoolStore
 from services.collector.store import NodeStore
 from services.scheduler.breaker import Outcome
 from services.shared.audit import AuditLog
@@ -66,7 +66,7 @@ async def test_nodes_show_state_utilisation_mode_and_jobs(api: Api) -> None:
 async def test_clusters_show_pools_needs_budgets_and_breakers(api: Api) -> None:
     await fleet(api)
     rt = api.runtime
-    await AnalyzerStore(rt.redis, rt.keys).open_need(CLUSTER, "offline", "node-002", 600)
+    await rt.redis.set(rt.keys.open_need(CLUSTER, "offline", "node-002"), b"1", ex=600)
     await rt.reader.safety.save_health(PoolHealth(
         event_id=uuid4(), source="analyzer", occurred_at=now_utc(), cluster_id=CLUSTER,
         subject="default", pool="default", nodes_total=20, nodes_by_state={"up": 20},

@@ -12,7 +12,16 @@ from uuid import uuid4
 import pytest
 from redis.asyncio import Redis
 
-from schemas.events.v1 import Fault, JobInfo, NodeMode, NodeReport, now_utc, state_from_mode
+from schemas.events.v1 import (
+    Fault,
+    JobInfo,
+    NodeMode,
+    NodeReport,
+    NodeState,
+    NodeStateName,
+    now_utc,
+    state_from_mode,
+)
 from services.collector.store import JOBS_LISTED, NodeRow, NodeStore
 from services.executor.cluster_view import ClusterView
 from services.executor.planning import JobRef
@@ -127,20 +136,35 @@ async def test_the_job_list_is_bounded_and_the_count_is_not(
     assert view.active_jobs == JOBS_LISTED + 6
 
 
+def went(row: NodeRow, state: str, *befores: str) -> dict[str, NodeState]:
+    """The sweep's announcement of `row` going to `state`, one per state it may leave."""
+    event_id = uuid4()
+    return {before: NodeState(
+        event_id=event_id, source="collector", occurred_at=now_utc(), cluster_id=CLUSTER,
+        subject=row.node_id, node_id=row.node_id, pool=row.pool,
+        state=cast(NodeStateName, state), previous=cast(NodeStateName, before),
+        reason="silent", last_report_at=now_utc()) for before in befores}
+
+
 async def test_a_silent_node_leaves_the_index(redis: Redis, keys: Keys, store: NodeStore) -> None:
     await apply(store, (report("n1", 1), 70.0), (report("n2", 1), 30.0))
     due = await store.due_nodes(CLUSTER, now_utc() + timedelta(hours=1), limit=10)
     row = next(r for r in due if r.node_id == "n1")
-    previous = await store.mark_silent(CLUSTER, row, "suspect", None,
-                                       frozenset({"up", "suspect", "draining"}))
-    assert previous == "up"
+    change = await store.mark_silent(CLUSTER, row, "suspect", None,
+                                     went(row, "suspect", "up", "suspect", "draining"),
+                                     now_utc())
+    assert change is not None
+    assert change.previous == "up"
     assert await index(redis, keys) == {"n2": 30.0}
     pool = await ClusterView(redis, keys).pool(CLUSTER, "default")
     assert pool.counts == {"up": 1, "suspect": 1}
-    # A sweep that lost the race to a newer report changes nothing.
+    # The change and its announcement are one unit: the event waits in the outbox.
+    assert await store.outbox.waiting() == 1
+    # A sweep that lost the race to a newer report changes nothing, and announces nothing.
     stale = NodeRow(row.node_id, row.pool, "up", "0.000000", row.interval_s)
-    assert await store.mark_silent(CLUSTER, stale, "down", None,
-                                   frozenset({"up", "suspect"})) is None
+    assert await store.mark_silent(CLUSTER, stale, "down", None, went(stale, "down", "up"),
+                                   now_utc()) is None
+    assert await store.outbox.waiting() == 1
 
 
 async def test_forgetting_a_node_removes_it_from_the_pool(

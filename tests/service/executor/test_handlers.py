@@ -658,7 +658,8 @@ async def test_a_scheduled_step_nobody_started_is_started_by_the_sweep(
 ) -> None:
     task = drain_offline()
     tid = str(task.task_id)
-    await harness.journal.start(task, 1, 1)  # the starter died right after the journal
+    # the starter died right after the journal
+    await harness.journal.start(task, 1, 1, harness.clock.ms())
     await harness.executor.sweep_deadlines()
     assert harness.last_command().action.action == "drain_node"
     assert (await harness.wf(task)).step_state == "started"
@@ -670,7 +671,7 @@ async def test_an_unfinished_centre_action_is_run_again_under_the_same_command_i
 ) -> None:
     task = make_task(AddCapacity(pool="default"))
     tid = str(task.task_id)
-    await harness.journal.start(task, 1, 10**15)
+    await harness.journal.start(task, 1, 10**15, harness.clock.ms())
     wf = await harness.wf(task)
     command = command_id_for(task.task_id, 0, 0)
     await harness.journal.step_started(wf, str(command), 1)  # then the process died

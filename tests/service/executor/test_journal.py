@@ -12,8 +12,11 @@ import pytest
 from redis.asyncio import Redis
 
 from schemas.events.v1 import DrainNode, OfflineNode, OpsTask, Step, StepAction, now_utc
-from services.executor.journal import Journal, Patch, PauseRequest, Workflow
+from services.executor.journal import FinalNotice, Journal, Patch, PauseRequest, Workflow
 from services.shared.redis_client import Keys, members
+
+NOW_MS = 1_800_000_000_000
+FINAL = FinalNotice("succeeded", "running", "every step completed")
 
 
 @pytest.fixture
@@ -39,7 +42,7 @@ async def reload(journal: Journal, task_id: str) -> Workflow:
 
 
 async def started(journal: Journal, task: OpsTask, command: str = "c0") -> Workflow:
-    assert (await journal.start(task, 1, 10**15))[0] == "new"
+    assert (await journal.start(task, 1, 10**15, NOW_MS))[0] == "new"
     wf = await reload(journal, str(task.task_id))
     assert await journal.step_started(wf, command, 10**12)
     return await reload(journal, str(task.task_id))
@@ -47,10 +50,10 @@ async def started(journal: Journal, task: OpsTask, command: str = "c0") -> Workf
 
 async def test_start_is_once_per_epoch_and_a_newer_epoch_takes_over(journal: Journal) -> None:
     task = make_task()
-    assert await journal.start(task, 3, 0) == ("new", None)
-    assert await journal.start(task, 3, 0) == ("stale", None)
-    assert await journal.start(task, 2, 0) == ("stale", None)
-    assert await journal.start(task, 4, 0) == ("takeover", None)
+    assert await journal.start(task, 3, 0, NOW_MS) == ("new", None)
+    assert await journal.start(task, 3, 0, NOW_MS) == ("stale", None)
+    assert await journal.start(task, 2, 0, NOW_MS) == ("stale", None)
+    assert await journal.start(task, 4, 0, NOW_MS) == ("takeover", None)
     wf = await reload(journal, str(task.task_id))
     assert (wf.epoch, wf.state, wf.step, wf.step_state, wf.run) == (4, "running", 0,
                                                                    "scheduled", 0)
@@ -60,7 +63,7 @@ async def test_a_step_starts_once_and_only_where_the_workflow_is(journal: Journa
                                                                  redis: Redis,
                                                                  keys: Keys) -> None:
     task = make_task()
-    await journal.start(task, 1, 5)
+    await journal.start(task, 1, 5, NOW_MS)
     wf = await reload(journal, str(task.task_id))
     assert await journal.overdue(5) == [str(task.task_id)]  # the "start it by" timer
     assert await journal.step_started(wf, "c0", 1_000)
@@ -76,29 +79,40 @@ async def test_step_end_moves_on_retries_later_and_finishes(journal: Journal, re
     tid = str(task.task_id)
     wf = await started(journal, task)
     # A transient failure: the retry waits in the retries ZSET, the deadline is gone.
-    ended = await journal.step_ended(wf, "failed", retry_at_ms=777, reason="r", cause="failed")
+    ended = await journal.step_ended(wf, "failed", FINAL, NOW_MS, retry_at_ms=777, reason="r",
+                                     cause="failed")
     assert ended.boundary == "retry"
     assert await journal.due_retries(777) == [tid]
     assert await redis.zscore(keys.workflow_deadlines(), tid) is None
     # The same end again is stale (the command is no longer current).
-    assert (await journal.step_ended(wf, "failed", retry_at_ms=777)).boundary == "stale"
+    again = await journal.step_ended(wf, "failed", FINAL, NOW_MS, retry_at_ms=777)
+    assert again.boundary == "stale"
     wf = await reload(journal, tid)
     assert (wf.attempt, wf.step_state) == (1, "scheduled")
     assert await journal.step_started(wf, "c1", 10**12)
     assert await journal.due_retries(10**13) == []
     wf = await reload(journal, tid)
-    ended = await journal.step_ended(wf, "completed", outputs={"mode": "draining"},
-                                     kick_ms=99)
+    ended = await journal.step_ended(wf, "completed", FINAL, NOW_MS,
+                                     outputs={"mode": "draining"}, kick_ms=99)
     assert ended.boundary == "next"
     assert await redis.zscore(keys.workflow_deadlines(), tid) == 99
     wf = await reload(journal, tid)
     assert (wf.step, wf.attempt, wf.outputs) == (1, 0, {"0": {"mode": "draining"}})
     assert await journal.step_started(wf, "c2", 10**12)
     wf = await reload(journal, tid)
-    ended = await journal.step_ended(wf, "completed", reason="every step completed")
+    assert await journal.unannounced(NOW_MS) == []
+    ended = await journal.step_ended(wf, "completed", FINAL, NOW_MS,
+                                     reason="every step completed")
     assert ended.boundary == "succeeded"
     wf = await reload(journal, tid)
     assert (wf.state, wf.reason) == ("succeeded", "every step completed")
+    # The final state and the announcement it owes are one unit, until it is announced.
+    assert wf.final == FINAL
+    assert await journal.unannounced(NOW_MS - 1) == []
+    assert await journal.unannounced(NOW_MS) == [tid]
+    await journal.announced(tid)
+    assert await journal.unannounced(NOW_MS) == []
+    assert (await reload(journal, tid)).final is None
     assert 0 < await redis.ttl(keys.workflow(tid)) <= 604_800
     assert await journal.overdue(10**13) == []
 
@@ -106,12 +120,16 @@ async def test_step_end_moves_on_retries_later_and_finishes(journal: Journal, re
 async def test_a_final_failure_keeps_its_cause(journal: Journal) -> None:
     task = make_task()
     wf = await started(journal, task)
-    ended = await journal.step_ended(wf, "failed", reason="step s0: rejected expired",
-                                     cause="rejected")
+    final = FinalNotice("failed", "running", "step s0: rejected expired", cause="rejected",
+                        run=0, step=0)
+    ended = await journal.step_ended(wf, "failed", final, NOW_MS,
+                                     reason="step s0: rejected expired", cause="rejected")
     assert ended.boundary == "failed"
     loaded = await journal.load(str(task.task_id))
     assert loaded is not None
     assert (loaded.state, loaded.step_state, loaded.cause) == ("failed", "failed", "rejected")
+    assert loaded.final == final
+    assert await journal.unannounced(NOW_MS) == [str(task.task_id)]
 
 
 async def test_a_requested_pause_stops_the_workflow_at_the_step_boundary(
@@ -123,7 +141,7 @@ async def test_a_requested_pause_stops_the_workflow_at_the_step_boundary(
     assert await journal.transition(wf, "k1", Patch(pause=request)) == "applied"
     wf = await reload(journal, str(task.task_id))
     assert (wf.state, wf.pause) == ("running", request)
-    ended = await journal.step_ended(wf, "completed")
+    ended = await journal.step_ended(wf, "completed", FINAL, NOW_MS)
     assert ended.boundary == "paused"
     assert ended.pause is not None
     assert ended.pause.actor == "alice"
@@ -154,7 +172,7 @@ async def test_a_control_for_an_unknown_task_waits_for_it(journal: Journal) -> N
     pending = await journal.pending_control(tid)
     assert pending is not None
     assert (pending.action, pending.actor) == ("pause", "alice")
-    outcome, applied = await journal.start(task, 1, 0)
+    outcome, applied = await journal.start(task, 1, 0, NOW_MS)
     assert outcome == "paused"
     assert applied is not None
     assert (applied.actor, applied.reason) == ("alice", "hold it")
@@ -169,10 +187,14 @@ async def test_a_terminate_kept_for_an_unknown_task_ends_it_on_arrival(
     task = make_task()
     tid = str(task.task_id)
     await journal.keep_pending(tid, "k1", "terminate", "bob", "not needed")
-    outcome, _ = await journal.start(task, 1, 0)
+    outcome, _ = await journal.start(task, 1, 0, NOW_MS)
     assert outcome == "terminated"
     wf = await reload(journal, tid)
     assert (wf.state, wf.cause) == ("terminated", "terminated")
+    # Its end is owed from the moment it is journaled, with what the operator said.
+    assert wf.final == FinalNotice("terminated", "dispatched", "terminate: not needed",
+                                   cause="terminated", actor="bob")
+    assert await journal.unannounced(NOW_MS) == [tid]
 
 
 async def test_status_queries_are_counted_and_answered_once(journal: Journal,

@@ -37,9 +37,16 @@ def pool_at(util: float) -> PoolView:
     return PoolView("local", "default", nodes, {"up": len(nodes)}, 0.0)
 
 
+class _Outbox:
+    async def delivered(self, event_ids: object) -> None:
+        return None
+
+
 class _Store:
-    async def open_need(self, cluster: str, kind: str, target: str, ttl_s: int) -> bool:
-        return True
+    outbox = _Outbox()
+
+    async def open_needs(self, needs: list[OpsNeed], ttl_s: int, now: object) -> list[OpsNeed]:
+        return needs
 
 
 class _Bus:
