@@ -130,6 +130,7 @@ class Agent:
             journal,
             leeway_s=settings.command_leeway_s,
             max_ttl_s=settings.max_command_ttl_s,
+            seq_window=settings.command_seq_window,
             fault_plan=lambda: read_faults(self.state_dir),
             default_interval_s=settings.interval_s,
             # A Kubernetes node's pods are moved through the cluster's backend, never by its

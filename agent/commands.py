@@ -105,11 +105,20 @@ def fence_of(action: Action) -> str:
     return f"job:{job_id}" if isinstance(job_id, str) else NODE_FENCE
 
 
-def check_order(payload: CommandPayload, last_seq: int | None, max_epoch: int | None) -> str | None:
-    """Why the command is older than what was accepted already, or None."""
+def check_order(payload: CommandPayload, last_seq: int | None, max_epoch: int | None, *,
+                window: int = 0, seq_accepted: Callable[[int], bool] = lambda _: False,
+                ) -> str | None:
+    """Why the command is older than what was accepted already, or None.
+
+    Senders take a node's seqs from one counter and publish in a second step, so two of them
+    (two executors, or an executor's two tasks at once) can arrive in the other order. A seq
+    below the last one is still taken once if it is within `window` of it and was never
+    accepted; the epoch fence still applies to it. A replay of an accepted command is caught
+    before this by its command id (answered `duplicate`)."""
     if payload.action.action in UNORDERED_ACTIONS:
         return None
-    if last_seq is not None and payload.seq <= last_seq:
+    if last_seq is not None and payload.seq <= last_seq and (
+            payload.seq <= last_seq - window or seq_accepted(payload.seq)):
         return "stale_seq"
     # A lower epoch comes from an executor that lost its lease (fencing token).
     if max_epoch is not None and payload.epoch < max_epoch:
@@ -208,6 +217,7 @@ class CommandExecutor:
         *,
         leeway_s: float = 30.0,
         max_ttl_s: float = 300.0,
+        seq_window: int = 256,
         fault_plan: Callable[[], FaultPlan] = FaultPlan,
         default_interval_s: float = 2.0,
         jobs: JobActions | None = None,
@@ -223,6 +233,7 @@ class CommandExecutor:
         self.journal = journal
         self.leeway_s = leeway_s
         self.max_ttl_s = max_ttl_s
+        self.seq_window = seq_window
         self.fault_plan = fault_plan
         self.default_interval_s = default_interval_s
         self.jobs = jobs
@@ -323,9 +334,13 @@ class CommandExecutor:
 
         last_seq = self.journal.last_seq
         fence = fence_of(payload.action)
-        order = check_order(payload, last_seq, self.journal.max_epoch_for(fence))
+        order = check_order(payload, last_seq, self.journal.max_epoch_for(fence),
+                            window=self.seq_window, seq_accepted=self.journal.seq_accepted)
         if order is not None:
             return self._reject(command, payload, order, now)
+        if last_seq is not None and payload.seq < last_seq:
+            log.info("command seq %d after %d: taken out of order (window %d)", payload.seq,
+                     last_seq, self.seq_window)
         if last_seq is not None and payload.seq > last_seq + 1:
             log.info("command seq gap: %d after %d (commands were lost or skipped)",
                      payload.seq, last_seq)

@@ -34,6 +34,8 @@ CREATE TABLE IF NOT EXISTS commands (
     result_json TEXT NOT NULL,
     recorded_at TEXT NOT NULL
 );
+-- Which seqs were accepted: an older seq within the window is taken once (agent/commands.py).
+CREATE INDEX IF NOT EXISTS commands_seq ON commands (seq);
 CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
     value INTEGER NOT NULL
@@ -105,6 +107,13 @@ class Journal:
     def last_seq(self) -> int | None:
         """The seq of the last command that passed the seq and epoch checks."""
         return self._meta("last_seq")
+
+    def seq_accepted(self, seq: int) -> bool:
+        """Whether a command with this seq passed the checks before (a rejection does not
+        count: its seq was never used)."""
+        return self._db.execute(
+            "SELECT 1 FROM commands WHERE seq = ? AND outcome != 'rejected' LIMIT 1", (seq,)
+        ).fetchone() is not None
 
     @property
     def max_epoch(self) -> int | None:

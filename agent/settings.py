@@ -60,6 +60,11 @@ class AgentSettings(ServiceSettings):
         "file the reports go unsigned and a collector that requires MACs refuses them.")
     command_leeway_s: float = Field(default=30.0, ge=0.0, le=600.0)
     max_command_ttl_s: float = Field(default=300.0, gt=0.0, le=3_600.0)
+    command_seq_window: int = Field(
+        default=256, ge=0, le=65_536,
+        description="A command whose seq is below the last accepted one by at most this is "
+        "still taken, once (two senders' commands can arrive in the other order); 0: strictly "
+        "increasing.")
     jobs: str = Field(
         default="train,infer",
         description="Comma-separated ML jobs to run as child processes (train, infer), "

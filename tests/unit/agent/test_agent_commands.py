@@ -248,15 +248,59 @@ def test_stale_seq_is_rejected_and_a_gap_is_allowed(
     executor: CommandExecutor, centre: Any, journal: Journal, now: datetime
 ) -> None:
     assert executor.handle(centre.command(seq=5), now) is not None
-    for seq in (5, 4, 0):
-        result = executor.handle(centre.command(UndrainNode(node_id=NODE), seq=seq), now)
-        assert result is not None
-        assert (result.outcome, result.reason) == ("rejected", "stale_seq")
+    # A seq already taken, however new the command id.
+    result = executor.handle(centre.command(UndrainNode(node_id=NODE), seq=5), now)
+    assert result is not None
+    assert (result.outcome, result.reason) == ("rejected", "stale_seq")
     assert journal.mode == "draining"
     gap = executor.handle(centre.command(UndrainNode(node_id=NODE), seq=42), now)
     assert gap is not None
     assert gap.outcome == "succeeded"
     assert journal.last_seq == 42
+
+
+def test_a_seq_that_arrives_late_is_taken_once_within_the_window(
+    centre: Any, journal: Journal, state_dir: Path, now: datetime
+) -> None:
+    """Two senders took seqs 7 and 8 and 8 arrived first: 7 is still taken, once; a seq
+    further back than the window is not (docs/reliability.md S25)."""
+    executor = CommandExecutor(NODE, "local", centre.verifier, journal, seq_window=4)
+    assert executor.handle(centre.command(seq=8), now) is not None
+    late = executor.handle(centre.command(UndrainNode(node_id=NODE), seq=7), now)
+    assert late is not None
+    assert (late.outcome, late.reason) == ("succeeded", "")
+    assert mode_of(journal) == "active"
+    assert journal.last_seq == 8  # the high-water mark stays
+    again = executor.handle(centre.command(DrainNode(node_id=NODE), seq=7), now)
+    assert again is not None
+    assert (again.outcome, again.reason) == ("rejected", "stale_seq")
+    for seq in (4, 0):  # 8 - 4: outside the window
+        old = executor.handle(centre.command(DrainNode(node_id=NODE), seq=seq), now)
+        assert old is not None
+        assert (old.outcome, old.reason) == ("rejected", "stale_seq")
+    # A rejected seq was never used: it is taken when a real command brings it.
+    assert executor.handle(centre.command(DrainNode(node_id=NODE), seq=6), now) is not None
+    assert mode_of(journal) == "draining"
+
+
+def test_a_window_of_zero_keeps_seqs_strictly_increasing(
+    centre: Any, journal: Journal, now: datetime
+) -> None:
+    executor = CommandExecutor(NODE, "local", centre.verifier, journal, seq_window=0)
+    assert executor.handle(centre.command(seq=8), now) is not None
+    late = executor.handle(centre.command(UndrainNode(node_id=NODE), seq=7), now)
+    assert late is not None
+    assert (late.outcome, late.reason) == ("rejected", "stale_seq")
+
+
+def test_a_late_seq_is_still_fenced_by_its_epoch(
+    centre: Any, journal: Journal, now: datetime
+) -> None:
+    executor = CommandExecutor(NODE, "local", centre.verifier, journal, seq_window=16)
+    assert executor.handle(centre.command(seq=8, epoch=5), now) is not None
+    late = executor.handle(centre.command(UndrainNode(node_id=NODE), seq=7, epoch=4), now)
+    assert late is not None
+    assert (late.outcome, late.reason) == ("rejected", "stale_epoch")
 
 
 def test_stale_epoch_is_rejected(
