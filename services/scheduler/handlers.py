@@ -18,6 +18,7 @@ from typing import Literal
 from uuid import uuid4, uuid5
 
 from common.clock import Clock
+from common.crashpoints import crash_point
 from common.errors import PermanentError
 from common.messaging import EventBus
 from schemas import ids
@@ -194,6 +195,7 @@ class Scheduler:
             if claimed is None:
                 return
             task = claimed.task
+            crash_point("scheduler.after_claim")
             if not await self._admits(task, now_ms, tick):
                 await self.breakers.release_claim(task)
                 if str(task.task_id) in tick.ended:
@@ -203,6 +205,7 @@ class Scheduler:
                 continue
             epoch = await self.queue.dispatch_epoch(
                 task, lock_ttl_s(task, self.settings.lock_margin_s))
+            crash_point("scheduler.before_dispatch")
             # The transition first: once the executor has the task it publishes `running`,
             # and the task's events must arrive in the order they happened.
             await self.bus.publish(
@@ -219,6 +222,7 @@ class Scheduler:
                     task=task, epoch=epoch,
                 ),
             )
+            crash_point("scheduler.after_dispatch")
             await self.queue.ack(str(task.task_id))
             log.info("dispatched task %s (%s) with epoch %d", task.task_id, task.kind, epoch)
 
