@@ -1,0 +1,86 @@
+"""Fixtures of the fault scenarios: a Kafka broker of a test's own, which the test may kill,
+pause and start again (the suite's shared broker must never be taken down)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.ports import free_port
+from tests.waiting import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+KAFKA_SH = ROOT / "deploy" / "local" / "kafka.sh"
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@dataclass
+class PrivateBroker:
+    """A single-node KRaft broker started by deploy/local/kafka.sh in a folder of its own."""
+
+    state_dir: Path
+    port: int
+    controller_port: int
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _script(self, command: str) -> None:
+        env = {**os.environ, "WARDEN_STATE_DIR": str(self.state_dir),
+               "KAFKA_PORT": str(self.port), "KAFKA_CONTROLLER_PORT": str(self.controller_port),
+               "KAFKA_HEAP": "512m"}
+        subprocess.run([str(KAFKA_SH), command], env=env, check=True, timeout=180,
+                       stdout=subprocess.DEVNULL)
+
+    def start(self) -> None:
+        """Start it (again, on the same data) and wait until it serves metadata."""
+        self._script("start")
+
+    def stop(self) -> None:
+        self._script("stop")
+
+    @property
+    def pid(self) -> int:
+        return int((self.state_dir / "kafka" / "kafka.pid").read_text().strip())
+
+    def kill(self) -> None:
+        """Kill -9: the broker dies with what it had not flushed."""
+        pid = self.pid
+        os.kill(pid, signal.SIGKILL)
+        # Not our child (the script starts it with nohup): gone once it cannot be signalled.
+        wait_until(lambda: not alive(pid), f"the killed broker (pid {pid}) gone")
+
+    def pause(self) -> None:
+        """SIGSTOP: hung, not dead (connections stay open, nothing answers)."""
+        os.kill(self.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.pid, signal.SIGCONT)
+
+
+@pytest.fixture
+def private_kafka(tmp_path: Path) -> Iterator[PrivateBroker]:
+    broker = PrivateBroker(tmp_path / "private-kafka", free_port(), free_port())
+    broker.state_dir.mkdir()
+    broker.start()
+    try:
+        yield broker
+    finally:
+        with contextlib.suppress(OSError, ValueError):  # not paused, or not running
+            broker.resume()
+        broker.stop()
