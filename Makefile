@@ -46,6 +46,7 @@ down:
 bench: setup
 	@source deploy/local/env.sh && $(BIN)/python -m bench.collector_throughput
 	@source deploy/local/env.sh && $(BIN)/python -m bench.kubernetes_remediation
+	@source deploy/local/env.sh && $(BIN)/python -m bench.chaos_schedule
 
 # The AsyncAPI document of every service's subscriptions, from the code (docs/asyncapi/).
 asyncapi: setup

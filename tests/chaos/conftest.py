@@ -7,12 +7,14 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
+from tests.chaos.proxy import PartitionProxy
 from tests.ports import free_port
 from tests.waiting import wait_until
 
@@ -84,3 +86,18 @@ def private_kafka(tmp_path: Path) -> Iterator[PrivateBroker]:
         with contextlib.suppress(OSError, ValueError):  # not paused, or not running
             broker.resume()
         broker.stop()
+
+
+@pytest.fixture
+async def partitionable_redis(
+    private_redis: tuple[str, subprocess.Popen[bytes]],
+) -> AsyncIterator[tuple[str, PartitionProxy]]:
+    """A redis-server of the test's own (its direct URL) and a proxy in front of it."""
+    url, _ = private_redis
+    parts = urlsplit(url)
+    proxy = PartitionProxy(parts.hostname or "127.0.0.1", parts.port or 6379)
+    await proxy.start()
+    try:
+        yield url, proxy
+    finally:
+        await proxy.close()

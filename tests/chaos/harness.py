@@ -34,21 +34,23 @@ def fault_env(kafka: str, redis_url: str, namespace: str, state_dir: Path,
 @asynccontextmanager
 async def stack_with_fleet(redis_url: str, namespace: str, state_dir: Path,
                            env: dict[str, str], names: tuple[str, ...],
+                           nodes: list[str] = NODES,
                            ) -> AsyncIterator[list[launcher.ServiceProcess]]:
-    """`names` running as processes, and an agent per node of NODES, enrolled."""
+    """`names` running as processes, and an agent per node of `nodes` (node-001 on),
+    enrolled."""
     trusted = ensure_signer_keys(state_dir / "keys")
     async with services(env, state_dir, names) as running:
-        await register(redis_url, namespace, CLUSTER, NODES)
-        fleet.fleet_up(len(NODES), 1, CLUSTER, namespace, state_dir, env, trusted, 1.0)
+        await register(redis_url, namespace, CLUSTER, nodes)
+        fleet.fleet_up(len(nodes), 1, CLUSTER, namespace, state_dir, env, trusted, 1.0)
         try:
             yield running
         finally:
             fleet.fleet_down(state_dir)
 
 
-async def all_up(watch: Tap) -> None:
-    """Every node of NODES reported up (the tap reads the node-state topic)."""
-    for node in NODES:
+async def all_up(watch: Tap, nodes: list[str] = NODES) -> None:
+    """Every node of `nodes` reported up (the tap reads the node-state topic)."""
+    for node in nodes:
         await watch.wait_for(is_up(node), 90, f"{node} up")
 
 

@@ -8,10 +8,7 @@ faulty node is touched."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-from collections.abc import AsyncIterator
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 
@@ -25,21 +22,6 @@ from tests.integration.test_executor_crash import journal_rows
 from tests.integration.test_operator_control import UPKEEP_ACTIONS
 
 PARTITION_S = 15.0  # under the collector's 30 s down grace: the heartbeat is not what is tested
-
-
-@pytest.fixture
-async def partitionable_redis(
-    private_redis: tuple[str, subprocess.Popen[bytes]],
-) -> AsyncIterator[tuple[str, PartitionProxy]]:
-    """A redis-server of the test's own (its direct URL) and a proxy in front of it."""
-    url, _ = private_redis
-    parts = urlsplit(url)
-    proxy = PartitionProxy(parts.hostname or "127.0.0.1", parts.port or 6379)
-    await proxy.start()
-    try:
-        yield url, proxy
-    finally:
-        await proxy.close()
 
 
 def acted_on(state_dir: Path, node: str) -> list[tuple[str, str]]:
