@@ -24,7 +24,7 @@ from agent import fleet
 from common.kafka_access import client_options
 from common.settings import ServiceSettings
 from common.signing import ensure_signer_keys
-from schemas.access import Principal
+from schemas.access import GRANTS, SERVICE_PRINCIPALS, Principal
 from schemas.events.v1 import SampleBatch
 from schemas.topics import Topic, topic_name
 from services.shared.registry import register
@@ -201,6 +201,36 @@ async def test_the_agents_principal_cannot_forge_tasks_controls_or_commands(
         # ... what only the scheduler, the API or the executor may write is refused.
         with pytest.raises(TopicAuthorizationFailedError):
             await (await prod.send(topic_name(topic, namespace), b"{}", key=b"node-001"))
+
+
+@pytest.mark.timeout(300)
+async def test_every_principal_may_write_exactly_the_topics_of_its_grant(
+    provisioned: SecureBroker, namespace: str
+) -> None:
+    """Every topic against every principal's credentials (schemas/access.py): a write the
+    grant names goes through, any other is refused by the broker, so no credentials one
+    service holds can put a message on a topic that another service acts on."""
+    wrong: list[str] = []
+    for principal in SERVICE_PRINCIPALS:
+        # Not idempotent: the refusal must come from the topic's ACL, not from a missing
+        # IdempotentWrite on the cluster (a principal that writes nothing has none).
+        prod = AIOKafkaProducer(**provisioned.client(principal), acks="all",
+                                request_timeout_ms=10_000)
+        await prod.start()
+        try:
+            for topic in Topic:
+                wire = topic_name(topic, namespace)
+                allowed = topic in GRANTS[principal].writes
+                try:
+                    await (await prod.send(wire, b"{}", key=b"forged"))
+                    refused = False
+                except TopicAuthorizationFailedError:
+                    refused = True
+                if refused == allowed:
+                    wrong.append(f"{principal} {'refused' if refused else 'allowed'} {topic}")
+        finally:
+            await prod.stop()
+    assert not wrong, wrong
 
 
 async def test_the_agents_principal_cannot_read_what_is_not_its_own(
