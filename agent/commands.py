@@ -217,7 +217,7 @@ class CommandExecutor:
         *,
         leeway_s: float = 30.0,
         max_ttl_s: float = 300.0,
-        seq_window: int = 256,
+        seq_window: int = 600_000,
         fault_plan: Callable[[], FaultPlan] = FaultPlan,
         default_interval_s: float = 2.0,
         jobs: JobActions | None = None,

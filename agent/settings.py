@@ -61,10 +61,12 @@ class AgentSettings(ServiceSettings):
     command_leeway_s: float = Field(default=30.0, ge=0.0, le=600.0)
     max_command_ttl_s: float = Field(default=300.0, gt=0.0, le=3_600.0)
     command_seq_window: int = Field(
-        default=256, ge=0, le=65_536,
+        default=600_000, ge=0, le=2**40,
         description="A command whose seq is below the last accepted one by at most this is "
-        "still taken, once (two senders' commands can arrive in the other order); 0: strictly "
-        "increasing.")
+        "still taken, once: two senders' commands can arrive in the other order than they "
+        "took their seqs. The centre's seqs follow its clock in ms where they would lag it "
+        "(services/shared/counters.py), so the default is 10 min, beyond any command's life "
+        "(AGENT_MAX_COMMAND_TTL_S plus the leeway); 0: strictly increasing.")
     jobs: str = Field(
         default="train,infer",
         description="Comma-separated ML jobs to run as child processes (train, infer), "

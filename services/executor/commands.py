@@ -99,7 +99,8 @@ class CommandSender:
         cluster = wf.task.cluster_id
         await self._publish(wf, CommandPayload.for_action(
             action, cluster_id=cluster, command_id=UUID(wf.command_id),
-            seq=await self.journal.next_command_seq(cluster, action.node_id), epoch=wf.epoch,
+            seq=await self.journal.next_command_seq(cluster, action.node_id, now),
+            epoch=wf.epoch,
             issued_at=now, expires_at=now + timedelta(seconds=ttl),
             task_id=wf.task.task_id, step_index=wf.step, dry_run=wf.task.dry_run,
         ))
@@ -129,7 +130,8 @@ class CommandSender:
         now, cluster = self.clock(), wf.task.cluster_id
         await self._publish(wf, CommandPayload.for_action(
             Cancel(node_id=action.node_id, command_id=UUID(wf.command_id)), cluster_id=cluster,
-            command_id=cancel_id, seq=await self.journal.next_command_seq(cluster, action.node_id),
+            command_id=cancel_id,
+            seq=await self.journal.next_command_seq(cluster, action.node_id, self.clock()),
             epoch=wf.epoch, issued_at=now,
             expires_at=now + timedelta(seconds=self.settings.command_ttl_s),
             task_id=wf.task.task_id, step_index=wf.step, dry_run=wf.task.dry_run,

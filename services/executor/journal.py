@@ -35,6 +35,7 @@ from services.executor.journal_scripts import (
     STEP_STARTED,
     TRANSITION,
 )
+from services.shared.counters import RisingCounters
 from services.shared.redis_client import Keys, members, text
 
 FINAL_TTL_S = 604_800  # a finished workflow is kept a week (operators may retry it)
@@ -251,6 +252,7 @@ class Journal:
         self._child_done = redis.register_script(CHILD_DONE)
         self._transition = redis.register_script(TRANSITION)
         self._pending = redis.register_script(PENDING_CONTROL)
+        self._counters = RisingCounters(redis)
 
     def controls_seen(self, task_id: str) -> str:
         """SET of the operator controls already applied to a task (private to the executor):
@@ -318,15 +320,15 @@ class Journal:
     async def forget_retry(self, task_id: str) -> None:
         await self.redis.zrem(self.keys.workflow_retries(), task_id)
 
-    async def next_epoch(self) -> int:
+    async def next_epoch(self, now: datetime) -> int:
         """A fencing epoch newer than any given so far (the scheduler's counter): a restarted
         workflow's commands are newer than every command of its earlier runs."""
-        return int(await self.redis.incr(self.keys.epoch()))
+        return await self._counters.next(self.keys.epoch(), now)
 
-    async def next_command_seq(self, cluster: str, node_id: str) -> int:
+    async def next_command_seq(self, cluster: str, node_id: str, now: datetime) -> int:
         """Per-node command sequence of a cluster: agents refuse a command not newer than the
         last (the seq travels signed with its cluster, so one cluster's never fences another's)."""
-        return int(await self.redis.incr(self.keys.command_seq(cluster, node_id)))
+        return await self._counters.next(self.keys.command_seq(cluster, node_id), now)
 
     async def open_children(self, task_id: str, step: int) -> list[str]:
         """Children of a step that have not finished yet."""

@@ -218,7 +218,7 @@ class OperatorControls:
         if action == "restart":
             # An epoch taken and not used (the workflow changed meanwhile) is only a gap.
             patch = Patch(state="running", step=0, fresh_run=wf.run + 1,
-                          epoch=await self.journal.next_epoch())
+                          epoch=await self.journal.next_epoch(self.core.clock()))
             return await transition(wf, control_id, patch, timers="kick",
                                     kick_ms=self.core.kick_ms(), ttl="persist")
         if action == "jump":

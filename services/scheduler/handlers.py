@@ -204,7 +204,7 @@ class Scheduler:
                     tick.held.append(str(task.task_id))
                 continue
             epoch = await self.queue.dispatch_epoch(
-                task, lock_ttl_s(task, self.settings.lock_margin_s))
+                task, lock_ttl_s(task, self.settings.lock_margin_s), self.clock())
             crash_point("scheduler.before_dispatch")
             # The transition first: once the executor has the task it publishes `running`,
             # and the task's events must arrive in the order they happened.

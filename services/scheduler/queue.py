@@ -7,6 +7,7 @@ dispatched while it holds every lock it names (one disruptive action per node).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from redis.asyncio import Redis
 
@@ -128,10 +129,10 @@ class TaskQueue:
             args=[now_ms],
         ))
 
-    async def dispatch_epoch(self, task: OpsTask, ttl_s: float) -> int:
+    async def dispatch_epoch(self, task: OpsTask, ttl_s: float, now: datetime) -> int:
         """A fencing token larger than any before it, recorded as `task`'s dispatch for the
         executor to check (services/shared/vouchers.py), for as long as its locks live."""
-        return await self._dispatches.issue(task, ttl_s)
+        return await self._dispatches.issue(task, ttl_s, now)
 
     async def depth(self) -> int:
         return int(await self.redis.zcard(self.keys.queue_ready()))

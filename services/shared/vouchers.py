@@ -34,18 +34,22 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal
 
 from redis.asyncio import Redis
 
 from schemas.envelope import Envelope
 from schemas.events.v1 import OpsTask, TaskControl
+from services.shared.counters import RISING_LUA, floor_at
 from services.shared.redis_client import Keys, text
 
 # KEYS[1] the epoch counter, KEYS[2] the task's dispatch record; ARGV[1] the task's digest,
-# ARGV[2] how long the record lives (ms). Returns the new epoch.
-ISSUE = """
-local epoch = redis.call('INCR', KEYS[1])
+# ARGV[2] how long the record lives (ms), ARGV[3] the least epoch now (services/shared/
+# counters.py: never one given before, even by a Redis that lost its recent state). Returns
+# the new epoch.
+ISSUE = RISING_LUA + """
+local epoch = rising(KEYS[1], tonumber(ARGV[3]))
 redis.call('SET', KEYS[2], epoch .. ':' .. ARGV[1], 'PX', ARGV[2])
 return epoch
 """
@@ -88,10 +92,11 @@ class Dispatches:
         self.keys = keys
         self._issue = redis.register_script(ISSUE)
 
-    async def issue(self, task: OpsTask, ttl_s: float) -> int:
+    async def issue(self, task: OpsTask, ttl_s: float, now: datetime) -> int:
         """The next epoch, recorded as `task`'s dispatch (the scheduler's, at dispatch)."""
         return int(await self._issue(keys=[self.keys.epoch(), self.keys.dispatch(
-            str(task.task_id))], args=[digest(task), max(1, int(ttl_s * 1000))]))
+            str(task.task_id))], args=[digest(task), max(1, int(ttl_s * 1000)),
+                                       floor_at(now)]))
 
     async def check(self, task: OpsTask, epoch: int) -> DispatchCheck:
         """The executor's check of a dispatch it received."""

@@ -1,5 +1,6 @@
-"""Fixtures of the fault scenarios: a Kafka broker of a test's own, which the test may kill,
-pause and start again (the suite's shared broker must never be taken down)."""
+"""Fixtures of the fault scenarios: a Kafka broker and Redis servers of a test's own, which the
+test may kill, pause, cut off, roll back and start again (the suite's shared servers must never
+be taken down)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from redis import Redis as SyncRedis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests.chaos.proxy import PartitionProxy
 from tests.ports import free_port
@@ -101,3 +104,63 @@ async def partitionable_redis(
         yield url, proxy
     finally:
         await proxy.close()
+
+
+@dataclass
+class RestartableRedis:
+    """A redis-server of the test's own that saves only when told, and may be killed and
+    started again on the same port and folder (loading whatever dump.rdb holds then)."""
+
+    folder: Path
+    port: int
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def dump(self) -> Path:
+        return self.folder / "dump.rdb"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.folder), "--dbfilename", self.dump.name],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(self._answers, f"redis-server on port {self.port} answering")
+
+    def _answers(self) -> bool:
+        client = SyncRedis.from_url(self.url, socket_connect_timeout=1.0)
+        try:
+            return bool(client.ping())
+        except RedisConnectionError:
+            return False
+        finally:
+            client.close()
+
+    def save(self) -> None:
+        """A snapshot of now, in dump.rdb."""
+        client = SyncRedis.from_url(self.url)
+        try:
+            client.save()
+        finally:
+            client.close()
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait(10)
+
+
+@pytest.fixture
+def restartable_redis(tmp_path: Path) -> Iterator[RestartableRedis]:
+    folder = tmp_path / "restartable-redis"
+    folder.mkdir()
+    server = RestartableRedis(folder, free_port())
+    server.start()
+    try:
+        yield server
+    finally:
+        if server.process is not None and server.process.poll() is None:
+            server.kill()

@@ -149,7 +149,7 @@ class Harness:
             await self.redis.set(self.keys.lock(key), str(task.task_id))
         # The scheduler's counter (which a restart's new epoch also comes from), and its
         # record of the dispatch, which the executor checks.
-        self.epoch = await Dispatches(self.redis, self.keys).issue(task, 600.0)
+        self.epoch = await Dispatches(self.redis, self.keys).issue(task, 600.0, self.clock())
         await self.executor.on_scheduled(TaskScheduled(
             event_id=uuid4(), source="scheduler", occurred_at=now_utc(), cluster_id=CLUSTER,
             subject=str(task.task_id), task=task, epoch=self.epoch))
