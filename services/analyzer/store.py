@@ -104,7 +104,7 @@ class AnalyzerStore:
         """Consecutive faulty samples of each sample's node, counting that sample."""
         if not samples:
             return []
-        keys = [f"{self.keys.prefix}faultrun:{s.cluster_id}:{s.node_id}" for s in samples]
+        keys = [self.keys.fault_run(s.cluster_id, s.node_id) for s in samples]
         args: list[str | int] = []
         for s, bad in zip(samples, faulty, strict=True):
             args += [str(s.event_id), 1 if bad else 0]
@@ -120,7 +120,7 @@ class AnalyzerStore:
         """
         if not items:
             return []
-        keys = [f"{self.keys.prefix}gpufatal:{e.cluster}:{e.node}:{e.gpu}" for e in items]
+        keys = [self.keys.gpu_fatal(e.cluster, e.node, e.gpu) for e in items]
         args: list[str | float | int] = [now - window_s, now, int(window_s) + 60]
         for e in items:
             args += [e.episode_id, 1 if e.starts_now else 0]
@@ -300,12 +300,13 @@ class PoolStore:
 
     async def record_utilization(self, pool: PoolObservation) -> None:
         """Extend the pool's downsampled utilisation history."""
-        prefix = f"{self.keys.prefix}poolhist:{pool.cluster_id}:{pool.pool}:"
+        prefix = self.keys.pool_history_prefix(pool.cluster_id, pool.pool)
         args: list[str | float | int] = [prefix, pool.observed_at.timestamp(),
                                          pool.effective_utilization_pct]
         for resolution, length in POOL_HISTORY:
             args += [resolution, length]
-        await self._downsample(keys=[prefix + "work"], args=args)
+        await self._downsample(keys=[self.keys.pool_history_work(pool.cluster_id, pool.pool)],
+                               args=args)
 
     async def try_lock_tick(self, name: str, ttl_s: float) -> bool:
         """One pool analysis per period across every analyzer instance."""

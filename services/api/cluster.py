@@ -306,7 +306,7 @@ class ClusterReader:
 
     def history_key(self, cluster: str, pool: str, resolution: Resolution) -> str:
         # The analyzer's list of one resolution (PoolStore.record_utilization).
-        return f"{self.keys.prefix}poolhist:{cluster}:{pool}:{int(resolution)}"
+        return self.keys.pool_history(cluster, pool, int(resolution))
 
     async def pool_history(self, cluster: str, pool: str, resolution: Resolution,
                            limit: int) -> list[HistoryPoint]:

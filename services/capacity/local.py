@@ -110,7 +110,7 @@ class LocalProvider:
 
     def in_use_key(self, cluster: str) -> str:
         """HASH standby node -> the pool it serves, for every pool of the cluster."""
-        return f"{self.keys.prefix}capacity-used:{cluster}"
+        return self.keys.capacity_used(cluster)
 
     async def standby(self, cluster: str, pool: str) -> list[NodeOffer]:
         names = list(self.standby_nodes)

@@ -396,7 +396,7 @@ class ProbeStore:
 
     async def request_once(self, cluster: str, node: str, ttl_s: float) -> bool:
         """True once per `ttl_s` for a node: keeps a request from repeating every report."""
-        key = f"{self.keys.prefix}interval-request:{cluster}:{node}"
+        key = self.keys.interval_request(cluster, node)
         return bool(await self.redis.set(key, b"1", nx=True, px=int(ttl_s * 1000)))
 
     async def probe_now(self, cluster: str, node: str, now: datetime) -> None:

@@ -401,7 +401,7 @@ class Centre:
             await self.sleep(0.5)
 
     def _result_key(self, command_id: UUID) -> str:
-        return f"{self.view.keys.prefix}centre-result:{command_id}"
+        return self.view.keys.centre_result(str(command_id))
 
     async def _recall(self, command_id: UUID) -> CentreResult | None:
         raw = await self.view.redis.get(self._result_key(command_id))

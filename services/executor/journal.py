@@ -257,7 +257,7 @@ class Journal:
     def controls_seen(self, task_id: str) -> str:
         """SET of the operator controls already applied to a task (private to the executor):
         a redelivered control must not act twice."""
-        return f"{self.keys.prefix}wf-control-seen:{task_id}"
+        return self.keys.workflow_controls_seen(task_id)
 
     # -------------------------------------------------------- reading
 

@@ -154,20 +154,19 @@ class BreakerStore:
         return self._config_for_kind(breaker.kind_of(name))
 
     def key(self, cluster: str, kind: str) -> str:
-        return f"{self._key_prefix()}{cluster}:{kind}"
+        return self.keys.breaker(cluster, kind)
 
     def _key_prefix(self) -> str:
-        # `breaker:` and not `breaker-`, so a scan for breakers finds none of the helper keys.
-        return f"{self.keys.prefix}breaker:"
+        return self.keys.breaker_prefix()
 
     def _dedupe_key(self, task_id: str) -> str:
-        return f"{self.keys.prefix}breaker-recorded:{task_id}"
+        return self.keys.breaker_recorded(task_id)
 
     def _task_key(self, task_id: str) -> str:
-        return f"{self.keys.prefix}breaker-task:{task_id}"
+        return self.keys.breaker_task(task_id)
 
     def alert_key(self, cluster: str, kind: str, openings: int) -> str:
-        return f"{self.keys.prefix}breaker-alerted:{cluster}:{kind}:{openings}"
+        return self.keys.breaker_alerted(cluster, kind, openings)
 
     async def load(self, cluster: str, kind: str) -> tuple[BreakerState, int]:
         """The breaker's state and version; raises BreakerUnreadable."""

@@ -73,7 +73,7 @@ class SafetyStore:
         return text(value) if value is not None else None
 
     def health_key(self, cluster: str, pool: str) -> str:
-        return f"{self.keys.prefix}pool-health:{cluster}:{pool}"
+        return self.keys.pool_health(cluster, pool)
 
     def in_flight_key(self, cluster: str, pool: str) -> str:
         """ZSET task id -> when its entry lapses (epoch seconds).
@@ -81,13 +81,13 @@ class SafetyStore:
         A dispatched task whose end is never seen must not hold the budget forever: its entry
         lapses when its locks would (worst-case run plus margin).
         """
-        return f"{self.keys.prefix}offline-in-flight:{cluster}:{pool}"
+        return self.keys.offline_in_flight(cluster, pool)
 
     def _task_key(self, task_id: str) -> str:
-        return f"{self.keys.prefix}offline-task:{task_id}"
+        return self.keys.offline_task(task_id)
 
     def alert_key(self, cluster: str, pool: str) -> str:
-        return f"{self.keys.prefix}short-circuit-alerted:{cluster}:{pool}"
+        return self.keys.short_circuit_alerted(cluster, pool)
 
     async def save_health(self, health: PoolHealth) -> bool:
         """Keep `health` unless a newer report is already stored; True if kept."""
@@ -162,7 +162,7 @@ class SafetyStore:
     def firing_key(self, cluster: str, pool: str) -> str:
         """Set while the pool's short-circuit alert fires: unlike the episode it never lapses,
         so the alert is resolved even when the pool recovers after the episode's TTL."""
-        return f"{self.keys.prefix}short-circuit-firing:{cluster}:{pool}"
+        return self.keys.short_circuit_firing(cluster, pool)
 
     async def end_alert_episode(self, cluster: str, pool: str) -> bool:
         """End the pool's short-circuit episode; True if its alert fired (it ends once)."""

@@ -107,7 +107,7 @@ class Keys:
     def pool_history(self, cluster: str, pool: str, resolution_s: int) -> str:
         """LIST of "<epoch s>:<mean effective utilisation>" of a pool at one resolution,
         newest first (the analyzer's PoolStore.record_utilization)."""
-        return f"{self.prefix}poolhist:{cluster}:{pool}:{resolution_s}"
+        return f"{self.pool_history_prefix(cluster, pool)}{resolution_s}"
 
     def capacity_plan(self, cluster: str, pool: str, hour: str) -> str:
         """STRING: the pool's capacity plan (PoolPlan JSON) made in one UTC hour (YYYYMMDDHH)."""
@@ -249,6 +249,83 @@ class Keys:
     def workflow_deadlines(self) -> str:
         """ZSET task id -> deadline of its running step."""
         return f"{self.prefix}wf:deadlines"
+
+    def interval_request(self, cluster: str, node: str) -> str:
+        """Set once the collector asked a node for a new report interval, for the request's
+        window (so a request is not repeated every report)."""
+        return f"{self.prefix}interval-request:{cluster}:{node}"
+
+    def centre_result(self, command_id: str) -> str:
+        """STRING JSON: what a centre action's run under `command_id` came to (a re-run
+        answers from it)."""
+        return f"{self.prefix}centre-result:{command_id}"
+
+    def workflow_controls_seen(self, task_id: str) -> str:
+        """SET of the operator controls already applied to a task (a redelivered control must
+        not act twice)."""
+        return f"{self.prefix}wf-control-seen:{task_id}"
+
+    def pool_health(self, cluster: str, pool: str) -> str:
+        """STRING JSON: a pool's latest PoolHealth as the scheduler keeps it."""
+        return f"{self.prefix}pool-health:{cluster}:{pool}"
+
+    def offline_in_flight(self, cluster: str, pool: str) -> str:
+        """ZSET task id -> when its place lapses: the pool's offline budget in use."""
+        return f"{self.prefix}offline-in-flight:{cluster}:{pool}"
+
+    def offline_task(self, task_id: str) -> str:
+        """STRING: the pool a task holding an offline-budget place counts in."""
+        return f"{self.prefix}offline-task:{task_id}"
+
+    def short_circuit_alerted(self, cluster: str, pool: str) -> str:
+        """Set while a pool's short-circuit alert stands (one alert a window)."""
+        return f"{self.prefix}short-circuit-alerted:{cluster}:{pool}"
+
+    def short_circuit_firing(self, cluster: str, pool: str) -> str:
+        """Set from a pool's short-circuit alert until it is resolved."""
+        return f"{self.prefix}short-circuit-firing:{cluster}:{pool}"
+
+    def breaker_prefix(self) -> str:
+        """`breaker:` and not `breaker-`, so a scan for breakers finds none of their helper
+        keys."""
+        return f"{self.prefix}breaker:"
+
+    def breaker(self, cluster: str, name: str) -> str:
+        """HASH: one circuit breaker's state (services/scheduler/breaker_store.py)."""
+        return f"{self.breaker_prefix()}{cluster}:{name}"
+
+    def breaker_recorded(self, task_id: str) -> str:
+        """Set once a task's outcome is counted by its breaker (counted once)."""
+        return f"{self.prefix}breaker-recorded:{task_id}"
+
+    def breaker_task(self, task_id: str) -> str:
+        """STRING: a queued task's cluster, kind, target and breaker, for its outcome event."""
+        return f"{self.prefix}breaker-task:{task_id}"
+
+    def breaker_alerted(self, cluster: str, name: str, openings: int) -> str:
+        """Set once a breaker's opening was alerted (one alert an opening)."""
+        return f"{self.prefix}breaker-alerted:{cluster}:{name}:{openings}"
+
+    def fault_run(self, cluster: str, node: str) -> str:
+        """HASH run, last: a node's consecutive faulty samples (the analyzer's)."""
+        return f"{self.prefix}faultrun:{cluster}:{node}"
+
+    def gpu_fatal(self, cluster: str, node: str, gpu: int) -> str:
+        """ZSET episode id -> when: a GPU's fatal fault episodes in the repeat window."""
+        return f"{self.prefix}gpufatal:{cluster}:{node}:{gpu}"
+
+    def pool_history_prefix(self, cluster: str, pool: str) -> str:
+        """The prefix of `pool_history` and `pool_history_work` (the downsampling script
+        names its lists from it)."""
+        return f"{self.prefix}poolhist:{cluster}:{pool}:"
+
+    def pool_history_work(self, cluster: str, pool: str) -> str:
+        """HASH: the buckets a pool's utilisation history is being averaged in."""
+        return f"{self.pool_history_prefix(cluster, pool)}work"
+
+    def capacity_used(self, cluster: str) -> str:
+        """HASH standby node -> the pool it serves (the local capacity provider's)."""
+        return f"{self.prefix}capacity-used:{cluster}"
 
     def outbox(self, owner: str) -> str:
         """ZSET event id -> when it may be relayed (epoch ms): the events a service wrote with
@@ -431,6 +508,24 @@ KEY_BOUNDS: dict[str, KeyBound] = {
     "command_seq": KeyBound("per_entity", "one counter per node"),
     "workflow_deadlines": KeyBound("until_done", "removed when the step ends"),
     "sweep_lock": KeyBound("ttl", "SET NX PX the sweep period"),
+    "interval_request": KeyBound("ttl", "SET NX PX the request window"),
+    "centre_result": KeyBound("ttl", "EX the executor's result TTL"),
+    "workflow_controls_seen": KeyBound("ttl", "EXPIRE with the workflow"),
+    "pool_health": KeyBound("ttl", "EX the scheduler's health TTL"),
+    "offline_in_flight": KeyBound("trimmed", "places past their lapse removed at each take"),
+    "offline_task": KeyBound("ttl", "EX a week"),
+    "short_circuit_alerted": KeyBound("ttl", "EX the alert window"),
+    "short_circuit_firing": KeyBound("per_entity", "one per pool, removed when resolved"),
+    "breaker_prefix": KeyBound("prefix", "the prefix of `breaker`"),
+    "breaker": KeyBound("per_entity", "one hash per breaker (cluster, kind or scope)"),
+    "breaker_recorded": KeyBound("ttl", "PX a week"),
+    "breaker_task": KeyBound("ttl", "EX a week"),
+    "breaker_alerted": KeyBound("ttl", "EX a week"),
+    "fault_run": KeyBound("ttl", "EXPIRE the analyzer's run TTL; deleted on a healthy sample"),
+    "gpu_fatal": KeyBound("ttl", "EXPIRE the repeat window; trimmed to it too"),
+    "pool_history_prefix": KeyBound("prefix", "the prefix of `pool_history`"),
+    "pool_history_work": KeyBound("per_entity", "one hash per pool"),
+    "capacity_used": KeyBound("per_entity", "one field per standby node"),
     "outbox": KeyBound("until_done", "removed once the broker acknowledged the event"),
     "outbox_events": KeyBound("until_done", "removed with its `outbox` entry"),
     "workflow_unannounced": KeyBound("until_done", "removed once the task's end is announced"),

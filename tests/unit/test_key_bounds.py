@@ -6,6 +6,8 @@ tests/service/scheduler/test_queue_known.py)."""
 from __future__ import annotations
 
 import inspect
+import re
+from pathlib import Path
 
 from services.shared.redis_client import KEY_BOUNDS, Keys
 
@@ -25,3 +27,17 @@ def test_no_bound_is_left_for_a_family_that_is_gone() -> None:
 
 def test_every_bound_says_what_it_is() -> None:
     assert all(bound.why.strip() for bound in KEY_BOUNDS.values())
+
+
+def test_no_key_family_is_built_outside_keys() -> None:
+    """A key made by hand from the namespace's prefix escapes KEY_BOUNDS: every key comes from
+    a `Keys` method."""
+    root = Path(__file__).resolve().parents[2]
+    by_hand = re.compile(r"keys\.prefix\}[A-Za-z]|keys\.prefix\s*\+")  # not a scan of all
+    offenders = [f"{path.relative_to(root)}:{number}"
+                 for folder in ("services", "agent", "common", "warden", "bench")
+                 for path in sorted((root / folder).rglob("*.py"))
+                 if path.name != "redis_client.py"
+                 for number, line in enumerate(path.read_text().splitlines(), start=1)
+                 if by_hand.search(line)]
+    assert offenders == []
