@@ -163,8 +163,10 @@ class CommandVerifier:
             raise PermanentError("unknown_kid", f"key id {command.kid!r} is not trusted")
         if command.alg != "ed25519":
             raise PermanentError("alg_mismatch", command.alg)
-        body = unb64url(command.payload)
         try:
+            # Inside: a payload the pattern allows and base64 cannot decode (4n+1 characters)
+            # is a bad signature too, not an unhandled error.
+            body = unb64url(command.payload)
             trusted.public.verify(unb64url(command.sig), body)
         except (InvalidSignature, ValueError) as err:
             raise PermanentError("bad_signature", "signature does not verify") from err

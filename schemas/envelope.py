@@ -4,7 +4,14 @@ from datetime import datetime
 from typing import Annotated, Final, Literal
 from uuid import UUID
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+)
 
 SCHEMA_VERSION: Final = 1
 
@@ -44,12 +51,20 @@ class Strict(BaseModel):
     model_config = STRICT
 
 
+def exactly_an_int(value: object) -> object:
+    """A Literal is checked by equality even in strict mode, so `true` and `1.0` would pass
+    for 1: only the integer itself is version 1."""
+    if type(value) is not int:
+        raise ValueError("schema_version must be an integer")
+    return value
+
+
 class Envelope(Strict):
     """Fields common to every event. `event_id` is the dedupe key of every consumer."""
 
     event_id: UUID
     event_type: str
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Annotated[Literal[1], BeforeValidator(exactly_an_int)] = SCHEMA_VERSION
     source: Identifier = Field(description="The service or agent that emitted the event.")
     occurred_at: AwareDatetime
     cluster_id: ClusterId
