@@ -1,7 +1,8 @@
 """The randomized fault schedule (tests/chaos/schedule.py) on a broker and a Redis of the test's
 own, the real service processes and four agents: for CHAOS_SCHEDULE_S seconds (45 here; the
 benchmark `python -m bench.chaos_schedule` runs minutes) services are killed and paused, Redis
-is cut off, the broker hangs and nodes turn faulty, at random from CHAOS_SEED (fixed here, so
+is cut off, the broker hangs, nodes turn faulty and an operator pauses, resumes and terminates
+tasks, at random from CHAOS_SEED (fixed here, so
 `make test` replays one schedule; a seed of its own per run from the benchmark). Then, healed,
 the recorded history must break no invariant."""
 
@@ -15,11 +16,12 @@ import pytest
 
 from schemas.events.v1 import TaskEvent
 from schemas.topics import Topic
+from services.shared.redis_client import connect_redis
 from tests.chaos.conftest import PrivateBroker
 from tests.chaos.harness import all_up, fault_env, stack_with_fleet
 from tests.chaos.proxy import PartitionProxy
-from tests.chaos.schedule import FINAL, Schedule, violations
-from tests.integration.harness import name, tap, until
+from tests.chaos.schedule import FINAL, Operator, Schedule, violations
+from tests.integration.harness import name, producer, tap, until
 
 NODES = [f"node-00{i}" for i in range(1, 5)]
 SECONDS = float(os.environ.get("CHAOS_SCHEDULE_S", "45"))
@@ -32,9 +34,13 @@ async def test_a_random_fault_schedule_breaks_no_invariant(
     namespace: str, tmp_path: Path,
 ) -> None:
     direct_url, proxy = partitionable_redis
+    direct = connect_redis(direct_url)  # the operator's (the API's) link, never cut
     env = fault_env(private_kafka.bootstrap, f"redis://127.0.0.1:{proxy.port}/0", namespace,
                     tmp_path, "")
     env |= {"SCHEDULER_LEASE_S": "3",
+            # Simulated jobs: a faulty node's task moves them (child tasks), so there is work
+            # in flight for the faults to meet.
+            "AGENT_JOBS": "sim",
             # Two of four nodes may turn faulty: both may go offline, nothing else holds them.
             "SCHEDULER_SHORT_CIRCUIT_UNHEALTHY_FRACTION": "0.9",
             "SCHEDULER_OFFLINE_BUDGET_FRACTION": "1.0"}
@@ -43,10 +49,12 @@ async def test_a_random_fault_schedule_breaks_no_invariant(
                                  ("collector", "analyzer", "templater", "scheduler",
                                   "executor"), nodes=NODES) as running,
                 tap(private_kafka.bootstrap, name(Topic.OPS_TASK_EVENTS, namespace),
-                    name(Topic.OPS_NODE_STATE, namespace)) as watch):
+                    name(Topic.OPS_NODE_STATE, namespace)) as watch,
+                producer(private_kafka.bootstrap) as prod):
         await all_up(watch, NODES)
+        operator = Operator(prod, direct, namespace, watch)
         schedule = Schedule(random.Random(SEED), tmp_path, env, running, private_kafka, proxy,
-                            NODES, faulty_at_most=2)
+                            NODES, faulty_at_most=2, operator=operator)
         await schedule.run(SECONDS)
         schedule.note("healed")
 
@@ -63,5 +71,8 @@ async def test_a_random_fault_schedule_breaks_no_invariant(
 
         history = "\n".join(f"{f.at_s:>6} s  {f.what}" for f in schedule.history)
         await until(settled, 300, lambda: f"every task to end (seed {SEED}):\n{history}")
-        broken = violations(tmp_path, NODES, schedule.faulty, events())
+        print(history)
+        broken = violations(tmp_path, NODES, schedule.faulty, events(),
+                            frozenset(operator.terminated))
         assert not broken, f"seed {SEED}:\n" + "\n".join(broken) + f"\n{history}"
+    await direct.aclose()
