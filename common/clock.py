@@ -15,3 +15,8 @@ Clock = Callable[[], datetime]
 
 EpochClock = Callable[[], float]
 """The current time in epoch seconds: for stores that keep times as numbers in Redis."""
+
+
+def epoch_ms(moment: datetime) -> int:
+    """A moment as Redis keeps times in scores and counters: epoch milliseconds."""
+    return int(moment.timestamp() * 1000)

@@ -51,6 +51,17 @@ def redis_url() -> str:
     return required("REDIS_URL", "redis-server")
 
 
+def redis_answers(url: str) -> bool:
+    """Whether the redis-server at `url` answers a PING now."""
+    client = SyncRedis.from_url(url, socket_connect_timeout=1.0)
+    try:
+        return bool(client.ping())
+    except RedisConnectionError:
+        return False
+    finally:
+        client.close()
+
+
 @pytest.fixture
 def private_redis(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """A redis-server of this test's own, which the test may stop: its URL and process."""
@@ -62,18 +73,9 @@ def private_redis(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]
          "--appendonly", "no", "--dir", str(data)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"redis://127.0.0.1:{port}/0"
-
-    def answers() -> bool:
-        client = SyncRedis.from_url(url, socket_connect_timeout=1.0)
-        try:
-            return bool(client.ping())
-        except RedisConnectionError:
-            return False
-        finally:
-            client.close()
-
     try:
-        wait_until(answers, f"the private redis-server on port {port} answering")
+        wait_until(lambda: redis_answers(url),
+                   f"the private redis-server on port {port} answering")
         yield url, server
     finally:
         server.terminate()

@@ -196,6 +196,7 @@ class Analyzer:
         """Publish the needs a dead analyzer marked open and left unpublished."""
         await self.store.outbox.relay(self.bus, self.clock(), self.settings.outbox_grace_s)
 
+
 def pool_health(pool: PoolObservation, now: datetime) -> PoolHealth:
     """The published health of a pool at one analysis period."""
     return PoolHealth(

@@ -8,12 +8,13 @@ from datetime import datetime
 
 from redis.asyncio import Redis
 
+from common.clock import epoch_ms
 from schemas.events.v1 import OpsNeed, Sample
 from schemas.topics import Topic
 from services.analyzer.conditions import ConditionState
 from services.analyzer.observation import NodeLoad, PoolObservation, PoolSpread
 from services.shared.demand import OPS_TASKS, parse_entries, total
-from services.shared.outbox import OUTBOX_LUA, Outbox, epoch_ms, record
+from services.shared.outbox import OUTBOX_LUA, Outbox, record
 from services.shared.redis_client import Keys, members, text
 
 OUTBOX_OWNER = "analyzer"

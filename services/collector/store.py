@@ -8,10 +8,11 @@ from typing import cast
 
 from redis.asyncio import Redis
 
+from common.clock import epoch_ms
 from schemas.events.v1 import NodeReport, NodeState, NodeStateName
 from schemas.topics import Topic
 from services.shared.nodes import NodeRecords
-from services.shared.outbox import OUTBOX_LUA, Outbox, epoch_ms, record
+from services.shared.outbox import OUTBOX_LUA, Outbox, record
 from services.shared.redis_client import Keys, members, text
 
 OUTBOX_OWNER = "collector"

@@ -24,6 +24,7 @@ from redis.asyncio import Redis
 
 from schemas.envelope import short_text
 from schemas.events.v1 import OpsTask, OutputValue, StepState, TaskState
+from services.executor.events import SOURCE
 from services.executor.journal_scripts import (
     AWAIT_CHILDREN,
     CHILD_DONE,
@@ -128,7 +129,7 @@ class FinalNotice:
     previous: TaskState
     reason: str
     cause: str = ""
-    actor: str = "executor"
+    actor: str = SOURCE
     run: int = 0
     step: int | None = None
     event_key: str | None = None
@@ -146,7 +147,7 @@ class FinalNotice:
             state=cast(TaskState, str(data["state"])),
             previous=cast(TaskState, str(data["previous"])),
             reason=str(data.get("reason", "")), cause=str(data.get("cause", "")),
-            actor=str(data.get("actor") or "executor"), run=int(data.get("run") or 0),
+            actor=str(data.get("actor") or SOURCE), run=int(data.get("run") or 0),
             step=None if step is None else int(step),
             event_key=str(data["event_key"]) if data.get("event_key") else None,
             # cjson writes an empty table as {}; a notice made in Lua has no extra at all
@@ -219,11 +220,6 @@ class Started(NamedTuple):
 
     outcome: StartOutcome
     pending: Pending | None = None
-
-
-def epoch_ms(moment: datetime) -> int:
-    """A moment as the journal's timers keep it: epoch milliseconds."""
-    return int(moment.timestamp() * 1000)
 
 
 def _decode(reply: Any) -> str:

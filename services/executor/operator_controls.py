@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID, uuid5
 
+from common.clock import epoch_ms
 from common.errors import TransientError
 from schemas import ids
 from schemas.envelope import short_text
@@ -38,7 +39,6 @@ from services.executor.journal import (
     PauseRequest,
     Transition,
     Workflow,
-    epoch_ms,
 )
 from services.executor.settings import ExecutorSettings
 from services.executor.workflow import WorkflowCore

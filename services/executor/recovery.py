@@ -15,7 +15,7 @@ from dataclasses import replace
 from datetime import timedelta
 from uuid import UUID
 
-from common.clock import Clock
+from common.clock import Clock, epoch_ms
 from common.errors import INFRASTRUCTURE_ERRORS, PermanentError
 from common.reportauth import WRONG_SENDER
 from schemas.events.v1 import CommandResult, Step
@@ -26,7 +26,7 @@ from services.executor.commands import (
     query_id_for,
 )
 from services.executor.events import TaskEvents
-from services.executor.journal import Journal, Workflow, epoch_ms
+from services.executor.journal import Journal, Workflow
 from services.executor.settings import ExecutorSettings
 from services.executor.workflow import WorkflowCore
 from services.shared.locks import lock_ttl_s

@@ -18,7 +18,7 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
-from common.clock import Clock
+from common.clock import Clock, epoch_ms
 from common.crashpoints import crash_point
 from common.errors import INFRASTRUCTURE_ERRORS, PermanentError
 from common.reportauth import WRONG_SENDER
@@ -50,7 +50,6 @@ from services.executor.journal import (
     Journal,
     PauseRequest,
     Workflow,
-    epoch_ms,
 )
 from services.executor.ports import (
     BackendSteps,
@@ -366,7 +365,7 @@ class WorkflowCore:
         """After the journal's final state: locks, the final event, the parent's count.
 
         The journal kept `final` with the final state, so if this process dies part way the
-        recovery sweep does it all again (`announce_owed`); each part is idempotent (the event
+        recovery sweep does it all again (`Recovery._announce`); each part is idempotent (the event
         keeps its id, a lock is released by its owner, a child counts once at its parent)."""
         await self.locks.release_task(task)
         crash_point("executor.before_final_event")

@@ -18,6 +18,8 @@ from datetime import datetime
 
 from redis.asyncio import Redis
 
+from common.clock import epoch_ms
+
 # Prepended to a script that takes a number: `rising(key, floor)` is the counter's next value,
 # at least `floor`.
 RISING_LUA = """
@@ -34,11 +36,6 @@ end
 NEXT = RISING_LUA + "return rising(KEYS[1], tonumber(ARGV[1]))"
 
 
-def floor_at(now: datetime) -> int:
-    """The least number a counter may give at `now`: the clock in milliseconds."""
-    return int(now.timestamp() * 1000)
-
-
 class RisingCounters:
     """Takes the next value of any counter key, never below the clock."""
 
@@ -46,4 +43,5 @@ class RisingCounters:
         self._next = redis.register_script(NEXT)
 
     async def next(self, key: str, now: datetime) -> int:
-        return int(await self._next(keys=[key], args=[floor_at(now)]))
+        # The least number it may give at `now`: the clock in milliseconds.
+        return int(await self._next(keys=[key], args=[epoch_ms(now)]))

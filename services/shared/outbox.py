@@ -13,7 +13,7 @@ An event may so go out twice: the process died after the broker's acknowledgemen
 `delivered`, or a publish outlasted the grace. Every event keeps its id across both, and the
 consumers are idempotent on it (the templater derives its task id from the need's id, the task
 store and the analyzer ignore a transition they have seen), so twice is harmless where lost is
-not. docs/reliability.md lists the crash tests (S1, S2, S23).
+not. docs/reliability.md lists the crash tests (S2, S23, S24).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Protocol
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
+from common.clock import epoch_ms
 from common.settings import ServiceSettings
 from schemas.catalog import TOPIC_MODELS
 from schemas.envelope import Envelope
@@ -82,10 +83,6 @@ def record(topic: Topic, event: Envelope) -> str:
 def outbox_period_s(settings: ServiceSettings) -> float:
     """How often a service's relay looks for events left behind: a few times a grace."""
     return max(0.5, settings.outbox_grace_s / 4)
-
-
-def epoch_ms(at: datetime) -> int:
-    return int(at.timestamp() * 1000)
 
 
 class Outbox:

@@ -39,9 +39,10 @@ from typing import Literal
 
 from redis.asyncio import Redis
 
+from common.clock import epoch_ms
 from schemas.envelope import Envelope
 from schemas.events.v1 import OpsTask, TaskControl
-from services.shared.counters import RISING_LUA, floor_at
+from services.shared.counters import RISING_LUA
 from services.shared.redis_client import Keys, text
 
 # KEYS[1] the epoch counter, KEYS[2] the task's dispatch record; ARGV[1] the task's digest,
@@ -96,7 +97,7 @@ class Dispatches:
         """The next epoch, recorded as `task`'s dispatch (the scheduler's, at dispatch)."""
         return int(await self._issue(keys=[self.keys.epoch(), self.keys.dispatch(
             str(task.task_id))], args=[digest(task), max(1, int(ttl_s * 1000)),
-                                       floor_at(now)]))
+                                       epoch_ms(now)]))
 
     async def check(self, task: OpsTask, epoch: int) -> DispatchCheck:
         """The executor's check of a dispatch it received."""

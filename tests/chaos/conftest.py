@@ -15,9 +15,9 @@ from urllib.parse import urlsplit
 
 import pytest
 from redis import Redis as SyncRedis
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests.chaos.proxy import PartitionProxy
+from tests.conftest import redis_answers
 from tests.ports import free_port
 from tests.waiting import wait_until
 
@@ -128,16 +128,8 @@ class RestartableRedis:
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", str(self.folder), "--dbfilename", self.dump.name],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(self._answers, f"redis-server on port {self.port} answering")
-
-    def _answers(self) -> bool:
-        client = SyncRedis.from_url(self.url, socket_connect_timeout=1.0)
-        try:
-            return bool(client.ping())
-        except RedisConnectionError:
-            return False
-        finally:
-            client.close()
+        wait_until(lambda: redis_answers(self.url),
+                   f"redis-server on port {self.port} answering")
 
     def save(self) -> None:
         """A snapshot of now, in dump.rdb."""

@@ -18,6 +18,8 @@ from warden import launcher
 CLUSTER = "itest"
 NODES = ["node-001", "node-002"]
 TARGET = "node-002"  # the node a scenario's fault is on
+# The services a fault on a node goes through until the node is offline.
+FLOW = ("collector", "analyzer", "templater", "scheduler", "executor")
 
 
 def fault_env(kafka: str, redis_url: str, namespace: str, state_dir: Path,

@@ -18,7 +18,7 @@ from services.scheduler.breaker import BreakerConfig
 from services.scheduler.breaker_store import BreakerStore
 from services.shared.redis_client import Keys, connect_redis
 from tests.chaos.conftest import PrivateBroker
-from tests.chaos.harness import TARGET, all_up, fault_env, stack_with_fleet
+from tests.chaos.harness import FLOW, TARGET, all_up, fault_env, stack_with_fleet
 from tests.chaos.test_graceful_stop import drain_started
 from tests.integration.harness import is_success_of, name, tap, task_events_for
 from tests.integration.test_executor_crash import journal_rows
@@ -47,9 +47,7 @@ async def test_a_broker_outage_mid_task_loses_nothing_and_counts_against_no_brea
 ) -> None:
     bootstrap = private_kafka.bootstrap
     env = fault_env(bootstrap, redis_url, namespace, tmp_path, "")
-    async with (stack_with_fleet(redis_url, namespace, tmp_path, env,
-                                 ("collector", "analyzer", "templater", "scheduler",
-                                  "executor")),
+    async with (stack_with_fleet(redis_url, namespace, tmp_path, env, FLOW),
                 tap(bootstrap, name(Topic.OPS_TASK_EVENTS, namespace),
                     name(Topic.OPS_NODE_STATE, namespace)) as watch):
         await all_up(watch)

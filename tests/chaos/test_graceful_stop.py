@@ -15,7 +15,7 @@ import pytest
 from agent import fleet
 from schemas.events.v1 import TaskEvent
 from schemas.topics import Topic
-from tests.chaos.harness import TARGET, all_up, fault_env, restart, stack_with_fleet
+from tests.chaos.harness import FLOW, TARGET, all_up, fault_env, restart, stack_with_fleet
 from tests.integration.harness import (
     Record,
     Tap,
@@ -67,9 +67,7 @@ async def test_a_service_stopped_mid_flow_stops_cleanly_and_the_task_runs_once(
     kafka_bootstrap: str, redis_url: str, namespace: str, tmp_path: Path, service: str
 ) -> None:
     env = fault_env(kafka_bootstrap, redis_url, namespace, tmp_path, "")
-    async with (stack_with_fleet(redis_url, namespace, tmp_path, env,
-                                 ("collector", "analyzer", "templater", "scheduler",
-                                  "executor")) as running,
+    async with (stack_with_fleet(redis_url, namespace, tmp_path, env, FLOW) as running,
                 tap(kafka_bootstrap, name(Topic.OPS_TASK_EVENTS, namespace),
                     name(Topic.OPS_NODE_STATE, namespace), name(Topic.OPS_NEEDS, namespace),
                     name(Topic.OPS_TASKS, namespace)) as watch):

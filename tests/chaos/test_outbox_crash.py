@@ -22,6 +22,7 @@ from services.executor.journal import Journal
 from services.shared.redis_client import Keys
 from tests.chaos.harness import (
     CLUSTER,
+    FLOW,
     TARGET,
     all_up,
     crashed,
@@ -130,9 +131,7 @@ async def test_a_task_ended_by_an_executor_that_died_is_still_announced_once(
 ) -> None:
     point = "executor.before_final_event"
     env = fault_env(kafka_bootstrap, redis_url, namespace, tmp_path, point)
-    async with (stack_with_fleet(redis_url, namespace, tmp_path, env,
-                                 ("collector", "analyzer", "templater", "scheduler",
-                                  "executor")) as running,
+    async with (stack_with_fleet(redis_url, namespace, tmp_path, env, FLOW) as running,
                 tap(kafka_bootstrap, name(Topic.OPS_TASK_EVENTS, namespace),
                     name(Topic.OPS_NODE_STATE, namespace)) as watch):
         await all_up(watch)

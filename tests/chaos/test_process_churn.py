@@ -16,7 +16,7 @@ import pytest
 
 from agent import fleet
 from schemas.topics import Topic
-from tests.chaos.harness import TARGET, all_up, fault_env, stack_with_fleet
+from tests.chaos.harness import FLOW, TARGET, all_up, fault_env, stack_with_fleet
 from tests.chaos.test_graceful_stop import drain_started
 from tests.chaos.test_redis_partition import acted_on
 from tests.integration.harness import (
@@ -31,8 +31,6 @@ from tests.integration.harness import (
 )
 from tests.integration.test_detection import needs_in
 from warden import launcher
-
-FLOW = ("collector", "analyzer", "templater", "scheduler", "executor")
 
 
 def kill(running: list[launcher.ServiceProcess], victim: launcher.ServiceProcess) -> None:

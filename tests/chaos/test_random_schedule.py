@@ -18,7 +18,7 @@ from schemas.events.v1 import TaskEvent
 from schemas.topics import Topic
 from services.shared.redis_client import connect_redis
 from tests.chaos.conftest import PrivateBroker
-from tests.chaos.harness import all_up, fault_env, stack_with_fleet
+from tests.chaos.harness import FLOW, all_up, fault_env, stack_with_fleet
 from tests.chaos.proxy import PartitionProxy
 from tests.chaos.schedule import FINAL, Operator, Schedule, violations
 from tests.integration.harness import name, producer, tap, until
@@ -45,9 +45,8 @@ async def test_a_random_fault_schedule_breaks_no_invariant(
             "SCHEDULER_SHORT_CIRCUIT_UNHEALTHY_FRACTION": "0.9",
             "SCHEDULER_OFFLINE_BUDGET_FRACTION": "1.0"}
     print(f"chaos schedule: CHAOS_SEED={SEED} CHAOS_SCHEDULE_S={SECONDS:g}")
-    async with (stack_with_fleet(direct_url, namespace, tmp_path, env,
-                                 ("collector", "analyzer", "templater", "scheduler",
-                                  "executor"), nodes=NODES) as running,
+    async with (stack_with_fleet(direct_url, namespace, tmp_path, env, FLOW,
+                                 nodes=NODES) as running,
                 tap(private_kafka.bootstrap, name(Topic.OPS_TASK_EVENTS, namespace),
                     name(Topic.OPS_NODE_STATE, namespace)) as watch,
                 producer(private_kafka.bootstrap) as prod):

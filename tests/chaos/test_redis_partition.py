@@ -14,7 +14,7 @@ import pytest
 
 from agent import fleet
 from schemas.topics import Topic
-from tests.chaos.harness import NODES, TARGET, all_up, fault_env, stack_with_fleet
+from tests.chaos.harness import FLOW, NODES, TARGET, all_up, fault_env, stack_with_fleet
 from tests.chaos.proxy import PartitionProxy
 from tests.integration.harness import is_success_of, name, tap, task_events_for
 from tests.integration.test_detection import needs_in
@@ -38,9 +38,7 @@ async def test_automation_fails_closed_while_redis_is_cut_off_and_resumes_once_a
     direct_url, proxy = partitionable_redis
     env = fault_env(kafka_bootstrap, f"redis://127.0.0.1:{proxy.port}/0", namespace, tmp_path,
                     "")
-    async with (stack_with_fleet(direct_url, namespace, tmp_path, env,
-                                 ("collector", "analyzer", "templater", "scheduler",
-                                  "executor")),
+    async with (stack_with_fleet(direct_url, namespace, tmp_path, env, FLOW),
                 tap(kafka_bootstrap, name(Topic.OPS_TASK_EVENTS, namespace),
                     name(Topic.OPS_NODE_STATE, namespace),
                     name(Topic.OPS_NEEDS, namespace)) as watch):

@@ -16,7 +16,7 @@ import pytest
 from agent import fleet
 from schemas.topics import Topic
 from tests.chaos.conftest import RestartableRedis
-from tests.chaos.harness import TARGET, all_up, fault_env, stack_with_fleet
+from tests.chaos.harness import FLOW, TARGET, all_up, fault_env, stack_with_fleet
 from tests.chaos.test_redis_partition import acted_on
 from tests.integration.harness import a_need, name, tap, task_events_for
 
@@ -29,8 +29,7 @@ async def test_after_redis_loses_its_recent_state_nothing_is_redone_and_a_repair
     env |= {"ANALYZER_ENABLED_NEEDS": '["offline", "online"]', "ANALYZER_ONLINE__HOLD_S": "5"}
     snapshot = tmp_path / "t0.rdb"
     async with (stack_with_fleet(restartable_redis.url, namespace, tmp_path, env,
-                                 ("collector", "analyzer", "templater", "scheduler",
-                                  "executor")),
+                                 FLOW),
                 tap(kafka_bootstrap, name(Topic.OPS_TASK_EVENTS, namespace),
                     name(Topic.OPS_NODE_STATE, namespace),
                     name(Topic.OPS_NEEDS, namespace)) as watch):

@@ -14,7 +14,7 @@ import pytest
 from agent import fleet
 from schemas.events.v1 import TaskScheduled
 from schemas.topics import Topic
-from tests.chaos.harness import TARGET, all_up, crashed, fault_env, restart, stack_with_fleet
+from tests.chaos.harness import FLOW, TARGET, all_up, crashed, fault_env, restart, stack_with_fleet
 from tests.integration.harness import is_success_of, name, tap, task_events_for
 from tests.integration.test_executor_crash import journal_rows
 from tests.integration.test_operator_control import UPKEEP_ACTIONS
@@ -28,9 +28,7 @@ async def test_a_scheduler_killed_mid_dispatch_dispatches_the_task_once_after_re
     crash = f"scheduler.{point}"
     env = fault_env(kafka_bootstrap, redis_url, namespace, tmp_path, crash)
     env["SCHEDULER_LEASE_S"] = "3"
-    async with (stack_with_fleet(redis_url, namespace, tmp_path, env,
-                                 ("collector", "analyzer", "templater", "scheduler",
-                                  "executor")) as running,
+    async with (stack_with_fleet(redis_url, namespace, tmp_path, env, FLOW) as running,
                 tap(kafka_bootstrap, name(Topic.OPS_TASK_EVENTS, namespace),
                     name(Topic.OPS_NODE_STATE, namespace),
                     name(Topic.OPS_TASKS_SCHEDULED, namespace)) as watch):

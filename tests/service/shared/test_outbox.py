@@ -9,10 +9,11 @@ from uuid import uuid4
 
 from redis.asyncio import Redis
 
+from common.clock import epoch_ms
 from schemas.envelope import Envelope
 from schemas.events.v1 import NodeState
 from schemas.topics import Topic
-from services.shared.outbox import OUTBOX_LUA, Outbox, epoch_ms, record
+from services.shared.outbox import OUTBOX_LUA, Outbox, record
 from services.shared.redis_client import Keys
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
