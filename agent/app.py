@@ -154,6 +154,7 @@ class Agent:
             peer_probes=self._peers.latest,
             probe_address=self._listener.advertised,
             models=self.models.served,
+            max_bytes=settings.max_message_bytes,
         )
         jobs.reconcile(journal.mode, read_faults(self.state_dir))
         log.info("agent %s (cluster %s, pool %s): state in %s, mode %s, interval %.3g s, "

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
+from types import MappingProxyType
+from typing import Final
 from uuid import uuid4
 
 from agent.device import GpuProbe
@@ -23,7 +25,15 @@ from agent.journal import Journal
 from agent.settings import AgentSettings
 from common.reportauth import NodeReportKey, read_node_key
 from schemas.envelope import IDENTIFIER_MAX, short_text
-from schemas.events.v1 import Fault, GpuMetrics, HostMetrics, NodeReport, PeerProbe, ServedModel
+from schemas.events.v1 import (
+    Fault,
+    GpuMetrics,
+    HostMetrics,
+    JobInfo,
+    NodeReport,
+    PeerProbe,
+    ServedModel,
+)
 
 log = logging.getLogger("clusterwarden.agent.report")
 
@@ -79,6 +89,7 @@ class Reporter:
         peer_probes: Callable[[], list[PeerProbe]] = no_peers,
         probe_address: Callable[[], str | None] = lambda: None,
         models: Callable[[], list[ServedModel]] = no_models,
+        max_bytes: int | None = None,
     ) -> None:
         self.node_id = node_id
         self.cluster_id = cluster_id
@@ -91,6 +102,7 @@ class Reporter:
         self.peer_probes = peer_probes
         self.probe_address = probe_address
         self.models = models
+        self.max_bytes = max_bytes
         self.source = f"agent-{node_id}"[:IDENTIFIER_MAX]
 
     @property
@@ -137,7 +149,7 @@ class Reporter:
         faults.extend(faults_for_report(plan))
         faults.extend(job_faults(jobs, plan))
         gpus = inject_into_gpus(plan, gpus)
-        return NodeReport(
+        report = NodeReport(
             event_id=uuid4(),
             source=self.source,
             occurred_at=now,
@@ -157,3 +169,50 @@ class Reporter:
             probe_address=self.probe_address(),
             models=self.models()[:MAX_MODELS],
         )
+        return report if self.max_bytes is None else fit_to_limit(report, self.max_bytes)
+
+
+# Which jobs a report too big for the collector keeps first: what the centre acts on (running
+# work it may have to move) before what it only records (stopped or failed jobs).
+JOB_KEEP_ORDER: Final[Mapping[str, int]] = MappingProxyType({
+    "hung": 0, "running": 1, "checkpointing": 1, "starting": 2, "failed": 3, "stopped": 4})
+
+
+def report_bytes(report: NodeReport) -> int:
+    """The report's size on the wire, as the collector's size check counts it."""
+    return len(report.model_dump_json().encode())
+
+
+def fit_to_limit(report: NodeReport, limit: int) -> NodeReport:
+    """`report`, or a copy trimmed to `limit` bytes if it is larger.
+
+    A report over the collector's limit is dead-lettered `oversize` whole: the node would go
+    silent, then down, and be taken offline for having too many jobs. So a report that would
+    not fit gives up detail instead, in the order the centre needs it least: peer probes (the
+    next round sends them again), then jobs by JOB_KEEP_ORDER. The heartbeat, the metrics and
+    the faults always go. A warning says what was left out."""
+    size = report_bytes(report)
+    if size <= limit:
+        return report
+    trimmed = report.model_copy(update={"peer_probes": []})
+    if report_bytes(trimmed) > limit:
+        jobs = sorted(report.jobs, key=lambda job: JOB_KEEP_ORDER.get(job.state, 5))
+        kept = _jobs_that_fit(trimmed, jobs, limit)
+        trimmed = trimmed.model_copy(update={"jobs": jobs[:kept]})
+    log.warning("report of %s is %d bytes, over the %d-byte limit: sent %d of %d jobs and %d "
+                "of %d peer probes", report.node_id, size, limit, len(trimmed.jobs),
+                len(report.jobs), len(trimmed.peer_probes), len(report.peer_probes))
+    return trimmed
+
+
+def _jobs_that_fit(report: NodeReport, jobs: list[JobInfo], limit: int) -> int:
+    """The largest n such that `report` with `jobs[:n]` is within `limit` (bisection: a
+    report's size grows with every job kept)."""
+    low, high = 0, len(jobs)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if report_bytes(report.model_copy(update={"jobs": jobs[:middle]})) <= limit:
+            low = middle
+        else:
+            high = middle - 1
+    return low

@@ -70,7 +70,11 @@ def parse_event(model: type[E], body: bytes, key: bytes | None, limit: int) -> E
         event = model.model_validate_json(body)
     except RecursionError as err:  # pydantic reports deep nesting itself; belt and braces
         raise PermanentError("json_invalid", "nesting too deep") from err
-    if key is not None and key.decode("utf-8", "replace") != event.subject:
+    # Every ClusterWarden producer keys by subject; a keyless message would skip the check that
+    # ties a partition's messages to the subject they claim, so it is refused, not waved through.
+    if not key:  # None, or empty (as some clients send "no key")
+        raise PermanentError("key_missing", f"no message key (subject {event.subject!r})")
+    if key.decode("utf-8", "replace") != event.subject:
         raise PermanentError("key_mismatch", f"key {key!r} != subject {event.subject!r}")
     return event
 

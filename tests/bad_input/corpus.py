@@ -32,7 +32,8 @@ EVENT_LIMIT: Final = 65_536  # WARDEN_MAX_MESSAGE_BYTES' default, the collector'
 # once, or one of pydantic's error types (common/errors.py, describe_validation_error). Never
 # `unhandled_error` (a bug, or an input nobody foresaw) or `retries_exhausted`.
 PIPELINE_REASONS: Final = frozenset(
-    {"oversize", "json_invalid", "key_mismatch", "unsupported_version", "invalid"})
+    {"oversize", "json_invalid", "key_missing", "key_mismatch", "unsupported_version",
+     "invalid"})
 SCHEMA_REASONS: Final = frozenset(get_args(ErrorType))
 PARSE_REASONS: Final = PIPELINE_REASONS | SCHEMA_REASONS
 # What the collector dead-letters a report as after it parsed (services/collector/handlers.py).

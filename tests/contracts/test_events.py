@@ -196,12 +196,12 @@ def test_command_for_another_node_in_the_action_is_rejected() -> None:
 def test_deeply_nested_json_is_a_permanent_error_not_a_crash() -> None:
     body = b"[" * 100_000 + b"]" * 100_000
     with pytest.raises((PermanentError, ValidationError)):
-        parse_event(NodeReport, body, None, limit=1_000_000)
+        parse_event(NodeReport, body, b"node-002", limit=1_000_000)
 
 
 def test_size_limit_applies_before_parsing() -> None:
     with pytest.raises(PermanentError) as err:
-        parse_event(NodeReport, b"x" * 70_000, None, limit=65_536)
+        parse_event(NodeReport, b"x" * 70_000, b"node-002", limit=65_536)
     assert err.value.reason == "oversize"
 
 
@@ -213,11 +213,18 @@ def test_kafka_key_must_match_the_subject() -> None:
     assert parse_event(NodeReport, body, b"node-002", limit=65_536).node_id == "node-002"
 
 
+def test_a_keyless_message_is_refused_not_waved_past_the_key_check() -> None:
+    body = json.dumps(golden("node_report")).encode()
+    with pytest.raises(PermanentError) as err:
+        parse_event(NodeReport, body, None, limit=65_536)
+    assert err.value.reason == "key_missing"
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=2_000))
 def test_arbitrary_bytes_never_escape_as_anything_but_a_validation_failure(body: bytes) -> None:
     with pytest.raises((PermanentError, ValidationError)):
-        parse_event(NodeReport, body, None, limit=65_536)
+        parse_event(NodeReport, body, b"node-002", limit=65_536)
 
 
 def test_an_offline_step_from_before_the_taint_effect_means_no_schedule() -> None:

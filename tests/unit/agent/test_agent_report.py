@@ -15,8 +15,9 @@ from agent.host import HostSampler, NetCounters, net_rates
 from agent.jobs.kube_pods import KubePods
 from agent.jobs.simulated import TRAINING_RUN_S, SimulatedJobs
 from agent.journal import Journal
-from agent.report import Reporter
+from agent.report import Reporter, fit_to_limit, report_bytes
 from agent.settings import AgentSettings
+from common.messaging import parse_event
 from schemas.events.v1 import GpuMetrics, JobInfo, NodeMode, NodeReport, PeerProbe
 
 NODE = "node-001"
@@ -335,3 +336,60 @@ def test_a_kubernetes_nodes_conditions_are_fault_data_in_its_report(
     assert [(f.kind, f.detail) for f in report.faults] == [
         ("node_condition", "KernelDeadlock=True: DockerHung")]
     assert NodeReport.model_validate_json(report.model_dump_json()) == report
+
+
+def crowded(report: NodeReport, jobs: int) -> NodeReport:
+    """`report` with `jobs` jobs (every third stopped) and a full round of peer probes."""
+    many = [JobInfo(job_id=f"job-{index:04d}", kind="training",
+                    state="stopped" if index % 3 == 0 else "running", gpu_indices=[0, 1])
+            for index in range(jobs)]
+    probes = [PeerProbe(peer_node_id=f"node-{index:03d}", reachable=True, rtt_ms=1.0)
+              for index in range(2, 18)]
+    return report.model_copy(update={"jobs": many, "peer_probes": probes})
+
+
+def test_a_report_within_the_limit_goes_as_it_is(journal: Journal, now: datetime) -> None:
+    report = crowded(reporter(journal, now).build(now, FaultPlan()), 10)
+    assert fit_to_limit(report, 65_536) is report
+
+
+def test_a_report_over_the_limit_sheds_probes_then_the_least_needed_jobs(
+        journal: Journal, now: datetime) -> None:
+    report = crowded(reporter(journal, now).build(now, FaultPlan(xid=[79])), 900)
+    assert report_bytes(report) > 65_536  # as it was, the collector would dead-letter it
+    sent = fit_to_limit(report, 65_536)
+    body = sent.model_dump_json().encode()
+    # The collector's own check takes it, and the heartbeat, metrics and faults all went.
+    assert parse_event(NodeReport, body, NODE.encode(), 65_536).seq == report.seq
+    assert (sent.gpus, sent.faults, sent.host) == (report.gpus, report.faults, report.host)
+    assert sent.peer_probes == []
+    assert 0 < len(sent.jobs) < len(report.jobs)
+    # Running work, which the centre may have to move, goes before stopped jobs.
+    assert {job.state for job in sent.jobs} == {"running"}
+    # As many as fit: one more would not.
+    leftover = [job for job in report.jobs if job not in sent.jobs and job.state == "running"]
+    one_more = sent.model_copy(update={"jobs": [*sent.jobs, leftover[0]]})
+    assert report_bytes(one_more) > 65_536
+
+
+def test_a_report_that_fits_without_its_probes_keeps_every_job(
+        journal: Journal, now: datetime) -> None:
+    report = crowded(reporter(journal, now).build(now, FaultPlan()), 10)
+    limit = report_bytes(report) - 1
+    sent = fit_to_limit(report, limit)
+    assert (sent.jobs, sent.peer_probes) == (report.jobs, [])
+
+
+def test_the_agent_fits_its_reports_to_the_message_limit(
+        journal: Journal, now: datetime) -> None:
+    def build(max_bytes: int | None) -> NodeReport:
+        return Reporter(node_id=NODE, cluster_id="local", pool="default", interval_s=2.0,
+                        probe=SimulatedProbe(2, seed=1), host=HostSampler(), journal=journal,
+                        jobs=SimulatedJobs(NODE, 2, now), max_bytes=max_bytes).build(
+                            now, FaultPlan())
+    whole = build(None)
+    # A job takes far more than the few bytes two builds' metrics may differ by.
+    limit = report_bytes(whole) - 100
+    fitted = build(limit)
+    assert report_bytes(fitted) <= limit
+    assert len(fitted.jobs) < len(whole.jobs)

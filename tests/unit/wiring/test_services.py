@@ -233,11 +233,13 @@ async def test_an_invalid_event_is_dead_lettered_with_its_reason(
         # The key must be the event's subject.
         good = event.model_dump_json().encode()
         await broker.publish(good, topic=wire.wire_name, key=b"someone-else")
+        # A keyless message would skip that check, so it is refused too.
+        await broker.publish(good, topic=wire.wire_name)
     assert seen.calls == []
     letters = seen.dead[wire.wire_name]
-    assert [body for _, body in letters] == [bad, good]
+    assert [body for _, body in letters] == [bad, good, good]
     assert [headers["dlt-reason"] for headers, _ in letters] == [
-        "unsupported_version", "key_mismatch"]
+        "unsupported_version", "key_mismatch", "key_missing"]
     assert {headers["dlt-original-topic"] for headers, _ in letters} == {wire.wire_name}
 
 
