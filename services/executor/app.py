@@ -9,6 +9,7 @@ from common.reportauth import result_seal
 from common.signing import local_signer
 from common.telemetry import setup_telemetry
 from schemas.topics import Topic
+from services.executor.broker_health import MetadataProbe
 from services.executor.handlers import Executor
 from services.executor.journal import Journal
 from services.executor.settings import ExecutorSettings
@@ -33,9 +34,11 @@ def create_app(settings: ExecutorSettings | None = None) -> FastStream:
     # Each cluster's registered backend (services/shared/registry.py): Kubernetes clusters'
     # node steps go through their API server.
     backends = ClusterBackends(redis, keys)
+    broker_probe = MetadataProbe(settings)
     executor = Executor(settings, Journal(redis, keys), signer,
                         EventBus(broker, settings.namespace), redis, keys,
-                        build_centre(settings, redis, keys), backends=backends)
+                        build_centre(settings, redis, keys), backends=backends,
+                        broker_probe=broker_probe)
     subscribe(broker, settings, Topic.OPS_TASKS_SCHEDULED, "executor-tasks",
               executor.on_scheduled)
     subscribe(broker, settings, Topic.NODE_COMMAND_RESULTS, "executor-results", executor.on_result,
@@ -48,6 +51,6 @@ def create_app(settings: ExecutorSettings | None = None) -> FastStream:
         loops=[("deadline-sweep", settings.deadline_sweep_interval_s, executor.sweep_deadlines),
                ("backends-warm", settings.backend_warm_interval_s, backends.warm),
                ("locks-renew", settings.lock_renew_interval_s, executor.renew_locks)],
-        closers=[executor.stop, backends.close, redis.aclose],
+        closers=[executor.stop, backends.close, broker_probe.close, redis.aclose],
         dependencies=[checks.redis(redis)],
     )

@@ -20,6 +20,7 @@ from common.clock import Clock
 from common.errors import PermanentError
 from common.signing import CommandSigner
 from schemas.events.v1 import CommandResult, TaskControl, TaskScheduled, now_utc
+from services.executor.broker_health import BrokerHealth, BrokerProbe, always_reachable
 from services.executor.commands import CommandSender
 from services.executor.events import TaskEvents
 from services.executor.journal import CANCEL_MARK, QUERY_MARK, Journal
@@ -40,7 +41,8 @@ class Executor:
 
     def __init__(self, settings: ExecutorSettings, journal: Journal, signer: CommandSigner,
                  bus: Publisher, redis: Redis, keys: Keys, centre: CentreActions, *,
-                 clock: Clock = now_utc, backends: BackendSteps | None = None) -> None:
+                 clock: Clock = now_utc, backends: BackendSteps | None = None,
+                 broker_probe: BrokerProbe = always_reachable) -> None:
         self.settings = settings
         self.journal = journal
         self.signer = signer
@@ -50,7 +52,7 @@ class Executor:
         self.workflow = WorkflowCore(settings, journal, locks, centre, self.events,
                                      self.commands, clock, backends)
         self.recovery = Recovery(settings, journal, self.workflow, self.commands, self.events,
-                                 clock)
+                                 clock, BrokerHealth(redis, keys, clock, broker_probe))
         self.controls = OperatorControls(settings, journal, locks, self.workflow,
                                          self.commands, self.events)
         self.dispatches = Dispatches(redis, keys)

@@ -400,6 +400,13 @@ class Journal:
             args=[wf.command_id, wf.query_id, deadline_ms, "1" if resend else "0", wf.task_id],
         ))
 
+    async def wait_again(self, wf: Workflow, deadline_ms: int) -> bool:
+        """Move a started step's deadline; a status query outstanding stays outstanding."""
+        return bool(await self._answered(
+            keys=[self.keys.workflow(wf.task_id), self.keys.workflow_deadlines()],
+            args=[wf.command_id, wf.query_id, deadline_ms, "keep", wf.task_id],
+        ))
+
     async def extend_deadline(self, wf: Workflow, deadline_ms: int) -> bool:
         """Move a started step's deadline (no status query outstanding)."""
         return bool(await self._answered(

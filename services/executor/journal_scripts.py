@@ -151,7 +151,9 @@ return 1
 
 # A status query (ARGV[2]) was answered "not in the journal" (ARGV[4] = '1': the command is
 # sent again, once) or "in progress": the deadline moves and the query is no longer
-# outstanding. With ARGV[2] '' (no query outstanding) it only moves the deadline.
+# outstanding. With ARGV[2] '' (no query outstanding) it only moves the deadline; with
+# ARGV[4] = 'keep' it moves the deadline and the query stays outstanding (a wait that started
+# over because the broker was unreachable during it).
 QUERY_ANSWERED = _FIELD + """
 if field('state', '') ~= 'running' then return 0 end
 if field('step_state', '') ~= 'started' then return 0 end
@@ -161,7 +163,11 @@ if ARGV[4] == '1' then
   if tonumber(field('resent', '0')) >= 1 then return 0 end
   redis.call('HSET', KEYS[1], 'resent', 1)
 end
-redis.call('HSET', KEYS[1], 'query_id', '', 'deadline_ms', ARGV[3])
+if ARGV[4] == 'keep' then
+  redis.call('HSET', KEYS[1], 'deadline_ms', ARGV[3])
+else
+  redis.call('HSET', KEYS[1], 'query_id', '', 'deadline_ms', ARGV[3])
+end
 bump()
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[5])
 return 1

@@ -5,6 +5,8 @@ gets a status query (and, if the agent never got it, is sent once more under the
 command id); a centre action runs again under its command id. What cannot be recovered
 fails as a timeout. The sweep also starts late scheduled steps and retries whose backoff
 is over; the first sweep of a process asks about every command left without an answer.
+A wait for an agent that spanned a broker outage is no timeout: it starts over
+(services/executor/broker_health.py), so an outage never counts against a breaker.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from common.clock import Clock, epoch_ms
 from common.errors import INFRASTRUCTURE_ERRORS, PermanentError
 from common.reportauth import WRONG_SENDER
 from schemas.events.v1 import CommandResult, Step
+from services.executor.broker_health import UNREACHABLE, BrokerHealth
 from services.executor.commands import (
     CommandSender,
     agent_action,
@@ -38,8 +41,10 @@ class Recovery:
     """Recovers overdue steps, runs due retries, and asks about unanswered commands."""
 
     def __init__(self, settings: ExecutorSettings, journal: Journal, core: WorkflowCore,
-                 commands: CommandSender, events: TaskEvents, clock: Clock) -> None:
+                 commands: CommandSender, events: TaskEvents, clock: Clock,
+                 broker: BrokerHealth) -> None:
         self.settings = settings
+        self.broker = broker
         self.journal = journal
         self.core = core
         self.commands = commands
@@ -93,6 +98,10 @@ class Recovery:
         """One workflow's failure must not stop the sweep of the others; Redis down does."""
         try:
             await work
+        except UNREACHABLE:
+            # A query or resend that could not be published: the wait it ends spans an outage.
+            await self.broker.note_outage()
+            raise
         except INFRASTRUCTURE_ERRORS:
             raise
         except Exception:
@@ -132,10 +141,31 @@ class Recovery:
         if await self.core.runs_in_centre(wf):
             await self._centre_overdue(wf, step, now_ms)
         elif wf.query_id:
-            await self.core.step_failed(wf, "unknown", "timeout: no answer to the status query")
+            await self._unanswered(wf, self.settings.status_query_timeout_s,
+                                   "timeout: no answer to the status query")
         elif not await self.send_query(wf):
-            await self.core.step_failed(wf, "unknown",
-                                        f"timeout: no answer after {wf.queries} status queries")
+            await self._unanswered(wf, step.timeout_s,
+                                   f"timeout: no answer after {wf.queries} status queries")
+
+    async def _unanswered(self, wf: Workflow, wait_s: float, reason: str) -> None:
+        """A wait of `wait_s` for the agent ended without an answer: the attempt fails as a
+        timeout, unless the broker was unreachable during the wait (the command, the answer
+        or the query may be stuck in it): then the wait starts over, the query (if any)
+        still outstanding. Raises InfrastructureUnavailable while the broker is down."""
+        wait_ms = int(wait_s * 1000)
+        if not await self.broker.unreachable_since(wf.deadline_ms - wait_ms):
+            await self.core.step_failed(wf, "unknown", reason)
+            return
+        step = wf.task.steps[wf.step]
+        deadline_ms = epoch_ms(self.clock()) + wait_ms
+        if await self.journal.wait_again(wf, deadline_ms):
+            log.warning("task %s step %s: the broker was unreachable during the wait for the "
+                        "agent; waiting again", wf.task_id, step.name)
+            await self.events.emit(
+                wf.task, "running", "running", step=wf.step, step_state="started",
+                command_id=UUID(wf.command_id), run=wf.run, tag=f"outage{deadline_ms}",
+                reason=f"{step.name}: the broker was unreachable while waiting for the agent; "
+                       f"waiting {wait_s:g} s more (an outage is not a timeout)")
 
     async def _centre_overdue(self, wf: Workflow, step: Step, now_ms: int) -> None:
         deadline_ms = now_ms + int(step.timeout_s * 1000)

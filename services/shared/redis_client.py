@@ -246,6 +246,11 @@ class Keys:
         release and parent count are done (services/executor/journal.py FinalNotice)."""
         return f"{self.prefix}wf:unannounced"
 
+    def broker_outage(self) -> str:
+        """When an executor last found the broker unreachable (epoch ms): a wait for an agent
+        that spans it says nothing about the step (services/executor/broker_health.py)."""
+        return f"{self.prefix}wf:broker-outage"
+
     def workflow_deadlines(self) -> str:
         """ZSET task id -> deadline of its running step."""
         return f"{self.prefix}wf:deadlines"
@@ -528,6 +533,7 @@ KEY_BOUNDS: dict[str, KeyBound] = {
     "capacity_used": KeyBound("per_entity", "one field per standby node"),
     "outbox": KeyBound("until_done", "removed once the broker acknowledged the event"),
     "outbox_events": KeyBound("until_done", "removed with its `outbox` entry"),
+    "broker_outage": KeyBound("ttl", "EX the outage memory (an hour)"),
     "workflow_unannounced": KeyBound("until_done", "removed once the task's end is announced"),
     "alert_raised": KeyBound("ttl", "SET NX PX the alert window"),
     "pool_nodes": KeyBound("per_entity", "one member per up node"),

@@ -3,7 +3,8 @@ agent processes: while an offline task drains a node, the broker is killed (kill
 again 5 s later on the same data) or hung (SIGSTOP for 30 s, then SIGCONT). No service dies or
 loops on the outage; afterwards the task runs to success once (the agent drains and takes the
 node offline once, one final event), and an outage is no adjustment failure: no breaker
-counted it."""
+counted it. And the check the executor makes before it fails a wait for an agent finds a hung
+broker unreachable (so the wait starts over rather than counting as a timeout)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,12 @@ from pathlib import Path
 import pytest
 
 from agent import fleet
+from common.clock import epoch_ms
+from common.errors import InfrastructureUnavailable
+from common.settings import ServiceSettings
+from schemas.events.v1 import now_utc
 from schemas.topics import Topic
+from services.executor.broker_health import BrokerHealth, MetadataProbe
 from services.scheduler.breaker import BreakerConfig
 from services.scheduler.breaker_store import BreakerStore
 from services.shared.redis_client import Keys, connect_redis
@@ -72,3 +78,29 @@ async def test_a_broker_outage_mid_task_loses_nothing_and_counts_against_no_brea
     acted = [(r[1], r[2]) for r in journal_rows(tmp_path, TARGET)
              if r[1] not in UPKEEP_ACTIONS | {"query_status"}]
     assert acted == [("drain_node", "succeeded"), ("offline_node", "succeeded")], acted
+
+
+@pytest.mark.timeout(180)
+async def test_a_hung_broker_is_found_unreachable_and_remembered(
+    private_kafka: PrivateBroker, redis_url: str, namespace: str
+) -> None:
+    """The executor's check before it fails a wait for an agent, against a real broker hung
+    by SIGSTOP (connections open, no answers): unreachable within the probe's timeout, and
+    the outage remembered for the waits that spanned it; answered again once it resumes."""
+    redis = connect_redis(redis_url)
+    probe = MetadataProbe(ServiceSettings(kafka_bootstrap_servers=private_kafka.bootstrap))
+    health = BrokerHealth(redis, Keys(namespace), now_utc, probe)
+    began_ms = epoch_ms(now_utc())
+    try:
+        assert not await health.unreachable_since(began_ms)
+        private_kafka.pause()
+        try:
+            with pytest.raises(InfrastructureUnavailable):
+                await health.unreachable_since(began_ms)
+        finally:
+            private_kafka.resume()
+        assert await health.unreachable_since(began_ms)
+        assert not await health.unreachable_since(epoch_ms(now_utc()) + 1)
+    finally:
+        await probe.close()
+        await redis.aclose()

@@ -36,6 +36,7 @@ from schemas.events.v1 import (
     now_utc,
 )
 from schemas.topics import Topic
+from services.executor.broker_health import BrokerProbe, always_reachable
 from services.executor.commands import command_id_for
 from services.executor.handlers import Executor
 from services.executor.journal import Journal, Workflow
@@ -222,14 +223,16 @@ class Harness:
 
 def make_harness(redis: Redis, keys: Keys, tmp_path: Path,
                  settings: ExecutorSettings | None = None,
-                 backends: BackendSteps | None = None) -> Harness:
+                 backends: BackendSteps | None = None,
+                 broker_probe: BrokerProbe = always_reachable) -> Harness:
     """An executor on the real Redis with a fake bus and a fake centre (and, if given, the
-    clusters' backends)."""
+    clusters' backends and the probe of the broker's reachability)."""
     private, _ = ensure_keypair(tmp_path / "keys", "executor")
     journal = Journal(redis, keys)
     bus, centre, clock = FakeBus(), FakeCentre(), SetClock()
     executor = Executor(settings or ExecutorSettings(), journal, signer_from_file(private), bus,
-                        redis, keys, centre, clock=clock, backends=backends)
+                        redis, keys, centre, clock=clock, backends=backends,
+                        broker_probe=broker_probe)
     return Harness(executor, journal, bus, centre, redis, keys, clock)
 
 
