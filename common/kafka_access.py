@@ -1,8 +1,8 @@
 """How every Kafka client ClusterWarden makes authenticates and encrypts (docs/security.md).
 
 One home for the connection's security, so the broker of a service, its bulk producer, its
-topic admin and the CLI's watcher all connect the same way: plaintext by default, or
-SASL/SCRAM over TLS as the service's own principal.
+topic admin and the CLI's watcher all connect the same way: plaintext by default, or as the
+service's own principal, by SASL/SCRAM over TLS or by its client certificate (mutual TLS).
 """
 
 from __future__ import annotations
@@ -27,6 +27,12 @@ def _tls_context(settings: ServiceSettings) -> ssl.SSLContext | None:
         return None
     # Verifies the broker's certificate and its name (check_hostname is on by default).
     context: ssl.SSLContext = create_ssl_context(cafile=settings.kafka_ssl_cafile or None)
+    if settings.kafka_ssl_certfile:
+        # The client certificate the broker takes the principal from (mTLS). The password is
+        # always passed, empty or not: without one, OpenSSL would prompt on the terminal for
+        # an encrypted key, and a service has nobody there to answer.
+        context.load_cert_chain(settings.kafka_ssl_certfile, settings.kafka_ssl_keyfile,
+                                settings.kafka_ssl_key_password.get_secret_value())
     return context
 
 

@@ -12,6 +12,8 @@ from schemas.envelope import CLUSTER_ID_PATTERN
 REDIS_CALL_BOUND_S = 5.0
 DEFAULT_REDIS_CONNECT_TIMEOUT_S = 2.0
 DEFAULT_REDIS_READ_TIMEOUT_S = 3.0
+# HMAC-SHA256 wants a key at least as long as its output: a shorter one is easier to guess.
+AUDIT_KEY_MIN_CHARS = 32
 
 
 class ServiceSettings(BaseSettings):
@@ -45,6 +47,25 @@ class ServiceSettings(BaseSettings):
         default="",
         validation_alias=AliasChoices("KAFKA_SSL_CAFILE", "kafka_ssl_cafile"),
         description="PEM file of the CA that signed the broker's certificate; empty: the system's.",
+    )
+    # Mutual TLS (docs/security.md): with KAFKA_SECURITY_PROTOCOL=SSL the client certificate
+    # is the service's principal, as the SASL username is with SASL_SSL.
+    kafka_ssl_certfile: str = Field(
+        default="",
+        validation_alias=AliasChoices("KAFKA_SSL_CERTFILE", "kafka_ssl_certfile"),
+        description="PEM file of this service's client certificate (its principal); needed "
+                    "with KAFKA_SECURITY_PROTOCOL=SSL.",
+    )
+    kafka_ssl_keyfile: str = Field(
+        default="",
+        validation_alias=AliasChoices("KAFKA_SSL_KEYFILE", "kafka_ssl_keyfile"),
+        description="PEM file of the client certificate's private key.",
+    )
+    kafka_ssl_key_password: SecretStr = Field(
+        default=SecretStr(""),
+        validation_alias=AliasChoices("KAFKA_SSL_KEY_PASSWORD", "kafka_ssl_key_password"),
+        description="Password of an encrypted KAFKA_SSL_KEYFILE; empty: the key is not "
+                    "encrypted.",
     )
     redis_url: str = Field(
         default="redis://127.0.0.1:16379/0",
@@ -117,6 +138,26 @@ class ServiceSettings(BaseSettings):
         description="How long /readyz waits for each dependency (they are asked at once).",
     )
 
+    # The audit chains' heads carry an HMAC under this key (services/shared/audit.py), so
+    # whoever can write Redis or the store but does not hold it cannot cut the log and
+    # rewrite the head to match. Every process that appends or verifies must hold the same.
+    audit_key: SecretStr = Field(
+        default=SecretStr(""),
+        validation_alias=AliasChoices("WARDEN_AUDIT_KEY", "audit_key"),
+        description=f"The secret the audit chains' heads are keyed with (at least "
+                    f"{AUDIT_KEY_MIN_CHARS} characters); empty: <state_dir>/keys/audit.key "
+                    "(made if missing, which only processes sharing a state folder share).",
+    )
+
+    @model_validator(mode="after")
+    def _audit_key_long_enough(self) -> Self:
+        # Refused at start-up, not at the first append: a short key is a configuration slip.
+        given = self.audit_key.get_secret_value()
+        if given and len(given) < AUDIT_KEY_MIN_CHARS:
+            raise ValueError(f"WARDEN_AUDIT_KEY must be at least {AUDIT_KEY_MIN_CHARS} "
+                             "characters (e.g. `openssl rand -base64 32`)")
+        return self
+
     @model_validator(mode="after")
     def _redis_calls_bounded(self) -> Self:
         if self.redis_connect_timeout_s + self.redis_read_timeout_s > REDIS_CALL_BOUND_S:
@@ -132,6 +173,27 @@ class ServiceSettings(BaseSettings):
                 self.kafka_sasl_username and self.kafka_sasl_password.get_secret_value()):
             raise ValueError(f"KAFKA_SECURITY_PROTOCOL={self.kafka_security_protocol} needs "
                              "KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD")
+        return self
+
+    @model_validator(mode="after")
+    def _ssl_needs_a_client_certificate(self) -> Self:
+        # Plain SSL authenticates the client by its certificate alone: without one the broker
+        # (ssl.client.auth=required) drops every connection at the handshake, which a service
+        # would only report as a broker it cannot reach. Refused here, at start-up, instead.
+        protocol = self.kafka_security_protocol
+        cert, key = bool(self.kafka_ssl_certfile), bool(self.kafka_ssl_keyfile)
+        if protocol == "SSL" and not (cert and key):
+            raise ValueError("KAFKA_SECURITY_PROTOCOL=SSL needs KAFKA_SSL_CERTFILE and "
+                             "KAFKA_SSL_KEYFILE: the client certificate and key that are this "
+                             "service's principal")
+        if cert != key:
+            raise ValueError("KAFKA_SSL_CERTFILE and KAFKA_SSL_KEYFILE are set together or "
+                             "not at all")
+        # A certificate given to a connection without TLS would be silently unused: the
+        # service would run plaintext while its operator believes it authenticated.
+        if cert and not protocol.endswith("SSL"):
+            raise ValueError(f"KAFKA_SSL_CERTFILE is set but KAFKA_SECURITY_PROTOCOL={protocol} "
+                             "has no TLS to present it on (SSL or SASL_SSL)")
         return self
 
 

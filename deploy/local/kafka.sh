@@ -18,26 +18,41 @@
 # (data, certificates, passwords) lives apart, in $WARDEN_STATE_DIR/kafka-secure, so the two
 # brokers can run side by side on different ports.
 #
+# Mutual TLS (docs/security.md): `start --mtls`, or KAFKA_SECURITY=mtls for every command, runs
+# the same broker with one SSL client listener that requires a client certificate instead
+# (ssl.client.auth=required). The script's CA signs a certificate per principal (CN=<principal>)
+# and ssl.principal.mapping.rules turns it into User:<principal>, so the same ACLs apply. Its
+# state lives in $WARDEN_STATE_DIR/kafka-mtls, apart from both others.
+#
 # Environment:
 #   WARDEN_STATE_DIR        state root (default <repo>/.state); this script uses $WARDEN_STATE_DIR/kafka
 #   KAFKA_PORT              client (PLAINTEXT) port, default 19092
 #   KAFKA_CONTROLLER_PORT   KRaft controller port, default 19093
-#   KAFKA_SECURITY          plaintext (default) or sasl_ssl
+#   KAFKA_SECURITY          plaintext (default), sasl_ssl or mtls
 # Both ports bind 127.0.0.1 only and sit away from 9092/9093 so a system Kafka does not collide.
 set -euo pipefail
 
-SECURE=0
-case "${KAFKA_SECURITY:-plaintext}" in
-    plaintext) ;;
-    sasl_ssl) SECURE=1 ;;
-    *) printf 'kafka: error: KAFKA_SECURITY is %s, not plaintext or sasl_ssl\n' "${KAFKA_SECURITY}" >&2; exit 2 ;;
+MODE="${KAFKA_SECURITY:-plaintext}"
+case "${MODE}" in
+    plaintext | sasl_ssl | mtls) ;;
+    *) printf 'kafka: error: KAFKA_SECURITY is %s, not plaintext, sasl_ssl or mtls\n' "${MODE}" >&2; exit 2 ;;
 esac
-if [[ "${2:-}" == "--secure" ]]; then
-    SECURE=1
-    set -- "$1" "${@:3}"
-fi
+case "${2:-}" in
+    --secure) MODE=sasl_ssl; set -- "$1" "${@:3}" ;;
+    --mtls) MODE=mtls; set -- "$1" "${@:3}" ;;
+esac
+# SECURE: either secured broker (ACLs, a principal per service, provisioning); MTLS: the one
+# whose principals are client certificates rather than SCRAM users.
+SECURE=0
+MTLS=0
+[[ "${MODE}" == plaintext ]] || SECURE=1
+if [[ "${MODE}" == mtls ]]; then MTLS=1; fi
 
-if (( SECURE )); then COMPONENT=kafka-secure; else COMPONENT=kafka; fi
+case "${MODE}" in
+    plaintext) COMPONENT=kafka ;;
+    sasl_ssl) COMPONENT=kafka-secure ;;
+    mtls) COMPONENT=kafka-mtls ;;
+esac
 # shellcheck source=deploy/local/common.sh
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/common.sh"
 
@@ -67,7 +82,7 @@ LOCK_WAIT_S=$(( READY_TIMEOUT_S + STOP_TIMEOUT_S ))
 
 
 usage() {
-    printf 'usage: %s {start [--secure]|stop|status|reset|env PRINCIPAL|provision [NAMESPACE]}\n' "$0" >&2
+    printf 'usage: %s {start [--secure|--mtls]|stop|status|reset|env PRINCIPAL|provision [NAMESPACE]}\n' "$0" >&2
     exit 2
 }
 
@@ -170,19 +185,21 @@ principals() {
 
 password_file() { printf '%s/%s.password' "${SECRETS_DIR}" "$1"; }
 
-# A CA, the broker's certificate (for 127.0.0.1 and localhost) in a PKCS12 keystore, and a
-# random password per principal; made once, kept across restarts and `reset`.
+# A CA, the broker's certificate (for 127.0.0.1 and localhost) in a PKCS12 keystore, and (SCRAM)
+# a random password per principal; made once, kept across restarts and `reset`.
 make_secrets() {
     [[ -f "${SECRETS_DIR}/broker.p12" ]] && return 0
     command -v openssl >/dev/null 2>&1 || die "openssl not found on PATH (apt-get install -y openssl)"
-    log "making a CA, the broker's certificate and the principals' passwords in ${SECRETS_DIR} ..."
+    log "making a CA, the broker's certificate and the principals' credentials in ${SECRETS_DIR} ..."
     mkdir -p "${SECRETS_DIR}"
     chmod 700 "${SECRETS_DIR}"
     local name
     ( umask 077
-      while read -r name; do
-          head -c 24 /dev/urandom | base64 | tr -d '/+=\n' >"$(password_file "${name}")"
-      done < <(principals)
+      if (( ! MTLS )); then
+          while read -r name; do
+              head -c 24 /dev/urandom | base64 | tr -d '/+=\n' >"$(password_file "${name}")"
+          done < <(principals)
+      fi
       head -c 24 /dev/urandom | base64 | tr -d '/+=\n' >"${SECRETS_DIR}/keystore.password"
       openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=ClusterWarden local CA" \
           -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
@@ -201,8 +218,47 @@ make_secrets() {
     chmod 644 "${CA_CERT}"
 }
 
+# The subject of a principal's client certificate ends in this OU and O, and the broker's
+# mapping rule (listener_props) demands both, so a certificate with a bare CN (the broker's
+# own) never passes for a principal.
+CLIENT_SUBJECT_TAIL="OU=kafka-client,O=ClusterWarden"
+client_cert() { printf '%s/%s.pem' "${SECRETS_DIR}" "$1"; }
+client_key() { printf '%s/%s.key' "${SECRETS_DIR}" "$1"; }
+
+# (mTLS) A client certificate per principal (CN=<principal>), signed by the CA of make_secrets,
+# with its key (mode 600). Only the missing ones are made, so a principal added to
+# schemas/access.py gets its certificate on the next start while the others stay as they are.
+make_client_certs() {
+    local name made=0
+    while read -r name; do
+        [[ -f "$(client_cert "${name}")" ]] && continue
+        ( umask 077
+          openssl req -newkey rsa:2048 -nodes -subj "/O=ClusterWarden/OU=kafka-client/CN=${name}" \
+              -keyout "$(client_key "${name}")" -out "${SECRETS_DIR}/${name}.csr"
+          printf 'extendedKeyUsage=clientAuth\nkeyUsage=critical,digitalSignature,keyEncipherment\n' \
+              >"${SECRETS_DIR}/client.ext"
+          openssl x509 -req -days 825 -in "${SECRETS_DIR}/${name}.csr" -CA "${CA_CERT}" \
+              -CAkey "${SECRETS_DIR}/ca.key" -CAcreateserial -extfile "${SECRETS_DIR}/client.ext" \
+              -out "$(client_cert "${name}")"
+          rm -f "${SECRETS_DIR}/${name}.csr"
+        ) >>"${LOGS_DIR}/openssl.log" 2>&1 \
+            || { rm -f "$(client_cert "${name}")"; die "openssl failed for principal ${name} (see ${LOGS_DIR}/openssl.log)"; }
+        chmod 644 "$(client_cert "${name}")"
+        made=$(( made + 1 ))
+    done < <(principals)
+    (( made == 0 )) || log "made ${made} client certificate(s) in ${SECRETS_DIR}"
+}
+
 # The settings (common/settings.py) that connect as principal $1, one NAME=value per line.
 principal_env() {
+    if (( MTLS )); then
+        [[ -f "$(client_cert "$1")" ]] \
+            || die "no principal '$1' (certificates in ${SECRETS_DIR}; the principals are schemas/access.py's)"
+        printf '%s\n' "KAFKA_BOOTSTRAP_SERVERS=${KAFKA_HOST}:${KAFKA_PORT}" \
+            "KAFKA_SECURITY_PROTOCOL=SSL" "KAFKA_SSL_CAFILE=${CA_CERT}" \
+            "KAFKA_SSL_CERTFILE=$(client_cert "$1")" "KAFKA_SSL_KEYFILE=$(client_key "$1")"
+        return
+    fi
     local file
     file="$(password_file "$1")"
     [[ -f "${file}" ]] || die "no principal '$1' (passwords in ${SECRETS_DIR}; the principals are schemas/access.py's)"
@@ -285,7 +341,30 @@ cluster_id() {
     printf '%s' "${id}"
 }
 
-# The client listener: PLAINTEXT, or SASL_SSL with SCRAM-SHA-512 and the ACLs enforced.
+# The broker's TLS identity (make_secrets) and the CA it trusts, for either secured listener.
+tls_props() {
+    cat <<EOF
+ssl.keystore.type=PKCS12
+ssl.keystore.location=${SECRETS_DIR}/broker.p12
+ssl.keystore.password=$(<"${SECRETS_DIR}/keystore.password")
+ssl.key.password=$(<"${SECRETS_DIR}/keystore.password")
+ssl.truststore.type=PEM
+ssl.truststore.location=${CA_CERT}
+ssl.endpoint.identification.algorithm=https
+EOF
+}
+
+# Whatever no ACL allows is refused. $1: the super users besides the admin.
+authorizer_props() {
+    cat <<EOF
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+allow.everyone.if.no.acl.found=false
+super.users=User:${ADMIN};$1
+EOF
+}
+
+# The client listener: PLAINTEXT, SASL_SSL with SCRAM-SHA-512, or SSL with a client certificate
+# required; the two secured ones with the ACLs enforced.
 listener_props() {
     if (( ! SECURE )); then
         cat <<EOF
@@ -293,6 +372,27 @@ listeners=PLAINTEXT://${KAFKA_HOST}:${KAFKA_PORT},CONTROLLER://${KAFKA_HOST}:${K
 advertised.listeners=PLAINTEXT://${KAFKA_HOST}:${KAFKA_PORT}
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
 inter.broker.listener.name=PLAINTEXT
+EOF
+        return
+    fi
+    if (( MTLS )); then
+        cat <<EOF
+# Clients authenticate with a certificate of this script's CA; the controller listener stays
+# PLAINTEXT on loopback (only this node's broker half talks to it).
+listeners=SSL://${KAFKA_HOST}:${KAFKA_PORT},CONTROLLER://${KAFKA_HOST}:${KAFKA_CONTROLLER_PORT}
+advertised.listeners=SSL://${KAFKA_HOST}:${KAFKA_PORT}
+listener.security.protocol.map=SSL:SSL,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=SSL
+ssl.client.auth=required
+# CN=<principal>,${CLIENT_SUBJECT_TAIL} (a principal's certificate) is User:<principal>, the
+# name its ACLs use; any other subject, the broker's own among them, stays its full DN.
+ssl.principal.mapping.rules=RULE:^CN=([a-zA-Z0-9._-]+),${CLIENT_SUBJECT_TAIL}\$/\$1/,DEFAULT
+$(tls_props)
+
+# The admin's certificate is the super user; so are the broker's own (User:CN=${KAFKA_HOST},
+# its inter-broker connections) and ANONYMOUS, the broker half reaching the controller over its
+# loopback PLAINTEXT listener, which no client can use for data (it serves only KRaft).
+$(authorizer_props "User:CN=${KAFKA_HOST};User:ANONYMOUS")
 EOF
         return
     fi
@@ -306,20 +406,12 @@ inter.broker.listener.name=SASL_SSL
 sasl.enabled.mechanisms=SCRAM-SHA-512
 sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512
 listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="${ADMIN}" password="$(<"$(password_file "${ADMIN}")")";
-ssl.keystore.type=PKCS12
-ssl.keystore.location=${SECRETS_DIR}/broker.p12
-ssl.keystore.password=$(<"${SECRETS_DIR}/keystore.password")
-ssl.key.password=$(<"${SECRETS_DIR}/keystore.password")
-ssl.truststore.type=PEM
-ssl.truststore.location=${CA_CERT}
-ssl.endpoint.identification.algorithm=https
+$(tls_props)
 
-# Whatever no ACL allows is refused. The admin (topics, users, ACLs) is the super user;
-# ANONYMOUS is the broker half reaching the controller over its loopback PLAINTEXT listener,
-# which no client can use for data (it serves only the KRaft protocol).
-authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
-allow.everyone.if.no.acl.found=false
-super.users=User:${ADMIN};User:ANONYMOUS
+# The admin (topics, users, ACLs) is the super user; ANONYMOUS is the broker half reaching the
+# controller over its loopback PLAINTEXT listener, which no client can use for data (it serves
+# only the KRaft protocol).
+$(authorizer_props "User:ANONYMOUS")
 EOF
 }
 
@@ -398,7 +490,7 @@ format_storage() {
     # The secured broker's users are written into the metadata at format time, so they exist
     # before the broker first accepts a connection (the admin among them).
     local -a users=()
-    if (( SECURE )); then
+    if (( SECURE && ! MTLS )); then
         local name
         while read -r name; do
             users+=(--add-scram "SCRAM-SHA-512=[name=${name},password=$(<"$(password_file "${name}")")]")
@@ -467,6 +559,9 @@ cmd_start() {
         require_venv
         make_secrets
     fi
+    if (( MTLS )); then
+        make_client_certs
+    fi
     write_configs
     format_storage
 
@@ -499,7 +594,7 @@ cmd_start() {
 
 # The setup step of the secured broker: namespace $1's topics and the ACL table's rules.
 cmd_provision() {
-    (( SECURE )) || die "provision is for the secured broker (start --secure or KAFKA_SECURITY=sasl_ssl)"
+    (( SECURE )) || die "provision is for a secured broker (KAFKA_SECURITY=sasl_ssl or mtls)"
     require_venv
     as_admin "${VENV_PY}" -m common.kafka_provision --namespace "$1" >/dev/null \
         || die "creating the topics and ACLs of namespace '$1' failed"
@@ -507,11 +602,14 @@ cmd_provision() {
 }
 
 cmd_env() {
-    (( SECURE )) || die "env is for the secured broker (KAFKA_SECURITY=sasl_ssl)"
-    local line
+    (( SECURE )) || die "env is for a secured broker (KAFKA_SECURITY=sasl_ssl or mtls)"
+    # Taken whole first: a `done < <(...)` would swallow principal_env's exit status, and an
+    # unknown principal would print nothing and still succeed.
+    local lines line
+    lines="$(principal_env "$1")"
     while read -r line; do
         printf 'export %q\n' "${line}"
-    done < <(principal_env "$1")
+    done <<<"${lines}"
 }
 
 cmd_stop() {
