@@ -18,6 +18,7 @@ from opentelemetry.trace import SpanKind, Tracer
 from agent.actions import JobActions
 from agent.commands import CommandExecutor
 from agent.device import GpuProbe, NvmlProbe, open_probe
+from agent.enrolment import enrol_if_needed
 from agent.faults import FaultPlan, read_faults, reports_paused
 from agent.host import HostSampler
 from agent.jobs.kube_node import ConditionRule
@@ -174,7 +175,10 @@ class Agent:
         return self._reporter.interval_s
 
     async def open_local(self) -> None:
-        """Open local state and start answering peer probes (nothing here needs Kafka)."""
+        """Enrol the node if it has a bootstrap token and no key yet, open local state and
+        start answering peer probes (nothing here needs Kafka)."""
+        if self._journal is None:
+            await enrol_if_needed(self.settings)
         self.open()
         await self._listener.start()
 

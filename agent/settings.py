@@ -58,6 +58,12 @@ class AgentSettings(ServiceSettings):
         description="The node's report key, given at enrolment (warden cluster report-key): "
         "every report is signed with it. Default <agent state dir>/report.key; with no "
         "file the reports go unsigned and a collector that requires MACs refuses them.")
+    bootstrap_token_file: Path | None = Field(
+        default=None,
+        description="A node bootstrap token (warden api token --role node): with no report key "
+        "yet, the agent enrols itself through the API at AGENT_API_URL and keeps the key it is "
+        "handed (agent/enrolment.py).")
+    api_url: str = Field(default="", description="The API the agent enrols itself through.")
     command_leeway_s: float = Field(default=30.0, ge=0.0, le=600.0)
     max_command_ttl_s: float = Field(default=300.0, gt=0.0, le=3_600.0)
     command_seq_window: int = Field(

@@ -35,7 +35,7 @@ from services.api.publisher import Publisher
 from services.api.refusals import RefusalCounter
 from services.api.routes import alerts as alert_routes
 from services.api.routes import audit as audit_routes
-from services.api.routes import cluster, health, maintenance, me, ml, plans, tasks
+from services.api.routes import cluster, enrolment, health, maintenance, me, ml, plans, tasks
 from services.api.routes import templates as template_routes
 from services.api.settings import ApiSettings
 from services.scheduler.settings import SchedulerSettings
@@ -117,7 +117,7 @@ def create_api(settings: ApiSettings | None = None, clock: Clock = now_utc) -> F
         version="1",
         description="Ops tasks and their records, interventions, templates, nodes, breakers, "
                     "budgets, capacity and the audit log; ML tasks and the models that run "
-                    "them. Bearer tokens; roles viewer < operator < admin.",
+                    "them. Bearer tokens; roles node (enrolment only) < viewer < operator < admin.",
         lifespan=lifespan,
     )
 
@@ -138,8 +138,8 @@ def create_api(settings: ApiSettings | None = None, clock: Clock = now_utc) -> F
                         client_detail(request) | {"fields": fields})
         return await request_validation_exception_handler(request, exc)
 
-    for routes in (tasks, template_routes, cluster, plans, audit_routes, me, ml, alert_routes,
-                   maintenance, health):
+    for routes in (tasks, template_routes, cluster, enrolment, plans, audit_routes, me, ml,
+                   alert_routes, maintenance, health):
         app.include_router(routes.router)
     # Last: the console takes every path no API route matched.
     console = Path(settings.console_dir) if settings.console_dir else CONSOLE_DIR

@@ -23,7 +23,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Literal, get_args
 
-Role = Literal["viewer", "operator", "admin"]
+# `node`: a node's bootstrap token, which can only enrol a node not enrolled yet
+# (services/api/routes/enrolment.py); it reads nothing.
+Role = Literal["node", "viewer", "operator", "admin"]
 ROLES: tuple[Role, ...] = get_args(Role)
 # Each role can do everything the roles before it can.
 RANK: dict[Role, int] = {role: i for i, role in enumerate(ROLES)}

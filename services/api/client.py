@@ -142,6 +142,13 @@ class ApiClient:
                                                 params={"cluster": cluster})["nodes"]
         return found
 
+    def enroll(self, cluster: str, node: str) -> dict[str, Any]:
+        """Enrol `node` in `cluster` (admin; or a bootstrap token, for a new node only): the
+        answer holds the node's report key."""
+        enrolled: dict[str, Any] = self.call("POST", "/api/nodes/enroll",
+                                             json={"cluster_id": cluster, "node_id": node})
+        return enrolled
+
     def reset_breaker(self, cluster: str, kind: str, reason: str, node: str | None = None,
                       scope: str | None = None) -> dict[str, Any]:
         """Close a breaker (admin); the API audits it under the token's user and announces it."""

@@ -5,13 +5,14 @@ from __future__ import annotations
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
-from common.settings import ServiceSettings
+from common.settings import ReportReaderSettings
 
 DEFAULT_PORT = 18080
 
 
-class ApiSettings(ServiceSettings):
-    """Where the API listens, who may call it, and where it finds templates and the console."""
+class ApiSettings(ReportReaderSettings):
+    """Where the API listens, who may call it, where it finds templates and the console, and
+    the report master it enrols nodes under."""
 
     model_config = SettingsConfigDict(env_prefix="API_", extra="ignore", frozen=True)
 
@@ -20,7 +21,7 @@ class ApiSettings(ServiceSettings):
     tokens: SecretStr = Field(
         default=SecretStr(""),
         description='"<token>:<user>:<role>,..." (or "sha256=<hex digest>:<user>:<role>"); '
-                    "roles viewer < operator < admin.",
+                    "roles node (enrolment only) < viewer < operator < admin.",
     )
     tokens_file: str = Field(
         default="", description="A file of the same entries, one a line (# comments)."

@@ -35,7 +35,7 @@ GENESIS = "0" * 64
 APPEND_ATTEMPTS = 50
 READ_BATCH = 500
 
-Role = Literal["viewer", "operator", "admin", "service"]
+Role = Literal["node", "viewer", "operator", "admin", "service"]
 Hash = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 Target = Annotated[str, StringConstraints(min_length=1, max_length=SHORT_TEXT_MAX)]
 Result = ShortText

@@ -26,11 +26,10 @@ from warden.cli import (
 
 app = typer.Typer(help="ClusterWarden: keeps an ML cluster healthy, balanced and right-sized.",
                   no_args_is_help=True)
-for command in (local.keys, local.topics, events.events, local.up, demo.demo, nodes.nodes,
-                ml.submit):
+for command in (local.keys, local.topics, events.events, local.up, demo.demo, ml.submit):
     app.command()(command)
-for name, group in (("fleet", fleet.app), ("cluster", clusters.app), ("breaker", breaker.app),
-                    ("tasks", tasks.app),
+for name, group in (("nodes", nodes.app), ("fleet", fleet.app), ("cluster", clusters.app),
+                    ("breaker", breaker.app), ("tasks", tasks.app),
                     ("templates", templates.app), ("api", api.app), ("ml", ml.app),
                     ("alerts", alerts.app), ("maintenance", maintenance.app),
                     ("rotation", maintenance.rotation_app), ("audit", audit.app)):

@@ -53,7 +53,8 @@ def api_serve(
 def api_token(
     user: Annotated[str, typer.Option(help="Who the token is for (named in the audit log).",
                                       callback=identifier)],
-    role: Annotated[str, typer.Option(help="viewer, operator or admin.")],
+    role: Annotated[str, typer.Option(
+        help="node (a bootstrap token: enrols new nodes only), viewer, operator or admin.")],
     ttl: Annotated[str | None, typer.Option(
         help="Expire the token this long after now (90m, 12h, 30d); without it, it never "
              "expires.")] = None,

@@ -36,11 +36,13 @@ from services.store.views import AuditRow
 from services.templater.templates import TEMPLATE_DIR
 
 TOKENS: dict[Role, str] = {
+    "node": "node-bootstrap-token-0123456789",
     "viewer": "viewer-token-0123456789",
     "operator": "operator-token-0123456789",
     "admin": "admin-token-0123456789",
 }
-USERS: dict[Role, str] = {"viewer": "vera", "operator": "otto", "admin": "ada"}
+USERS: dict[Role, str] = {"node": "bootstrap", "viewer": "vera", "operator": "otto",
+                          "admin": "ada"}
 # A broker address nothing listens on: publishing fails fast.
 DEAD_KAFKA = "127.0.0.1:1"
 

@@ -23,12 +23,16 @@ TOKEN = "s3cret-token-0123456789"
 NOW = datetime(2026, 12, 2, 13, 56, tzinfo=UTC)
 
 
-def test_roles_are_ordered_viewer_operator_admin() -> None:
+def test_roles_are_ordered_node_viewer_operator_admin() -> None:
     allowed = {
         (who, needed): Principal("u", who).allows(needed)
         for who in ROLES for needed in ROLES
     }
     assert allowed == {
+        # A bootstrap token passes only what needs no more than `node`: enrolment.
+        ("node", "node"): True, ("node", "viewer"): False, ("node", "operator"): False,
+        ("node", "admin"): False,
+        ("viewer", "node"): True, ("operator", "node"): True, ("admin", "node"): True,
         ("viewer", "viewer"): True, ("viewer", "operator"): False, ("viewer", "admin"): False,
         ("operator", "viewer"): True, ("operator", "operator"): True,
         ("operator", "admin"): False,
