@@ -34,6 +34,8 @@ from agent.report import Reporter, load_report_key
 from agent.settings import AgentSettings
 from agent.store import CheckpointStore
 from common.errors import InfrastructureUnavailable
+from common.health.policy import Phase
+from common.health.service import ServiceHealth
 from common.kafka_access import client_options
 from common.messaging import EventBus, ensure_topics, make_broker, subscribe
 from common.reportauth import NodeReportKey
@@ -422,14 +424,27 @@ def create_agent(settings: AgentSettings | None = None) -> Agent:
 def create_app(settings: AgentSettings | None = None) -> FastStream:
     """The agent app; settings come from the environment unless given."""
     agent = create_agent(settings)
+    # /livez and /readyz on WARDEN_HEALTH_PORT, as every service answers them: ready while
+    # the broker answers and the agent reports.
+    health = ServiceHealth(agent.broker, agent.settings)
+
+    async def open_health() -> None:
+        await health.open()
+
+    async def running() -> None:
+        health.phase = Phase.RUNNING
+
+    async def stopping() -> None:
+        health.phase = Phase.STOPPING
 
     async def flush_telemetry() -> None:
         shutdown_telemetry()
+        await health.close()
 
     return FastStream(
         agent.broker,
-        on_startup=[agent.startup],
-        after_startup=[agent.start_reporting],
-        on_shutdown=[agent.stop_reporting],
+        on_startup=[open_health, agent.startup],
+        after_startup=[agent.start_reporting, running],
+        on_shutdown=[stopping, agent.stop_reporting],
         after_shutdown=[agent.close, flush_telemetry],
     )

@@ -115,7 +115,7 @@ class ServiceSettings(BaseSettings):
                     "is published by the outbox relay (services/shared/outbox.py): longer than "
                     "a publish takes while the broker is slow, or it goes out twice.",
     )
-    # The health endpoints of a FastStream service (services/shared/health, docs/helm.md).
+    # The health endpoints of a FastStream service (common/health, docs/helm.md).
     # Off by default: the demo and the tests run many services on one machine, and one port
     # for all would collide; a pod has one service and turns them on.
     health_port: int = Field(

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from faststream import FastStream
 
+from common.health import checks
 from common.messaging import make_broker, subscribe
 from common.telemetry import setup_telemetry
 from schemas.topics import Topic
 from services.alerts.delivery import Deliverer
 from services.alerts.handlers import AlertsService
 from services.alerts.settings import AlertsSettings
-from services.shared.health import checks
 from services.shared.runtime import build_app
 from services.store.db import migrate, open_store
 

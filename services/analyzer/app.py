@@ -6,6 +6,7 @@ from collections.abc import Awaitable, Callable
 
 from faststream import FastStream
 
+from common.health import checks
 from common.messaging import EventBus, make_broker, subscribe
 from common.telemetry import setup_telemetry
 from schemas.topics import Topic
@@ -14,7 +15,6 @@ from services.analyzer.needs import enabled
 from services.analyzer.planning import planner_for
 from services.analyzer.settings import AnalyzerSettings
 from services.analyzer.store import AnalyzerStore, PoolStore
-from services.shared.health import checks
 from services.shared.outbox import outbox_period_s
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import build_app

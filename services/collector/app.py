@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from faststream import FastStream
 
+from common.health import checks
 from common.kafka_access import client_options
 from common.messaging import BulkPublisher, EventBus, make_broker, subscribe
 from common.reportauth import authenticator_for, result_seal
@@ -14,7 +15,6 @@ from services.collector.handlers import Collector, Prober
 from services.collector.peers import PeerStore, PeerWatch
 from services.collector.settings import CollectorSettings
 from services.collector.store import NodeStore, ProbeStore
-from services.shared.health import checks
 from services.shared.outbox import outbox_period_s
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import build_app

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from faststream import FastStream
 
+from common.health import checks
 from common.messaging import EventBus, make_broker, subscribe
 from common.reportauth import result_seal
 from common.signing import local_signer
@@ -13,7 +14,6 @@ from services.executor.broker_health import MetadataProbe
 from services.executor.handlers import Executor
 from services.executor.journal import Journal
 from services.executor.settings import ExecutorSettings
-from services.shared.health import checks
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import build_app
 

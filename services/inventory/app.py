@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from faststream import FastStream
 
+from common.health import checks
 from common.messaging import make_broker
 from common.telemetry import setup_telemetry
 from services.backends.opened import OpenedBackends
 from services.inventory.reporter import DemandReporter
 from services.inventory.settings import InventorySettings
-from services.shared.health import checks
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import build_app
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from faststream import FastStream
 
+from common.health import checks
 from common.messaging import EventBus, make_broker, subscribe
 from common.reportauth import authenticator_for, result_seal
 from common.signing import local_signer
@@ -20,7 +21,6 @@ from services.router.handlers import Router
 from services.router.registry import Registry
 from services.router.settings import RouterSettings
 from services.router.stats_store import StatsStore
-from services.shared.health import checks
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import build_app
 

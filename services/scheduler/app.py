@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from faststream import FastStream
 
+from common.health import checks
 from common.messaging import EventBus, make_broker, subscribe
 from common.telemetry import setup_telemetry
 from schemas.topics import Topic
@@ -14,7 +15,6 @@ from services.scheduler.rate_limit import RateLimiter
 from services.scheduler.relations_store import RelationStore
 from services.scheduler.safety_store import SafetyStore
 from services.scheduler.settings import SchedulerSettings
-from services.shared.health import checks
 from services.shared.maintenance import MaintenanceStore
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import build_app

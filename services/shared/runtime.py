@@ -11,13 +11,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from faststream import FastStream
 from faststream.kafka import KafkaBroker
 
+from common.health.checks import Dependency
+from common.health.policy import Phase
+from common.health.service import ServiceHealth
 from common.kafka_access import client_options
 from common.messaging import ensure_topics
 from common.settings import ServiceSettings
 from common.telemetry import shutdown_telemetry
-from services.shared.health.checks import Dependency
-from services.shared.health.policy import Phase
-from services.shared.health.service import ServiceHealth
 
 log = logging.getLogger("clusterwarden.runtime")
 

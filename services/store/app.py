@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from faststream import FastStream
 
+from common.health import checks
 from common.messaging import make_broker, subscribe
 from common.telemetry import setup_telemetry
 from schemas.topics import Topic
-from services.shared.health import checks
 from services.shared.runtime import build_app
 from services.store.db import migrate, open_store
 from services.store.ml import MlRecorder

@@ -6,11 +6,11 @@ from pathlib import Path
 
 from faststream import FastStream
 
+from common.health import checks
 from common.messaging import EventBus, make_broker, subscribe
 from common.telemetry import setup_telemetry
 from schemas.events.v1 import NeedKind, TemplateChanged
 from schemas.topics import Topic
-from services.shared.health import checks
 from services.shared.runtime import build_app
 from services.store.db import migrate, open_store
 from services.store.template_seed import seed_templates

@@ -11,11 +11,11 @@ import time
 
 from faststream import FastStream
 
+from common.health import checks
 from common.messaging import EventBus, make_broker, subscribe
 from common.telemetry import setup_telemetry
 from schemas.events.v1 import TemplateChanged
 from schemas.topics import Topic
-from services.shared.health import checks
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import build_app
 from services.store.db import migrate, open_store

@@ -1,5 +1,5 @@
 """The API's health endpoints (no token needed), the same answers as every service's
-(services/shared/health): `/livez` while the process answers, `/readyz` while the task store
+(common/health): `/livez` while the process answers, `/readyz` while the task store
 and Redis answer too; `/healthz`, the first of them, stays as `/livez`'s other name."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from common.health import checks
+from common.health.policy import Answer, Phase, liveness, readiness
 from services.api.deps import Runtime
-from services.shared.health import checks
-from services.shared.health.policy import Answer, Phase, liveness, readiness
 
 router = APIRouter(tags=["health"])
 

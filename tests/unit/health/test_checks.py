@@ -1,4 +1,4 @@
-"""The bounded checks (services/shared/health/checks.py): a dependency that hangs is reported
+"""The bounded checks (common/health/checks.py): a dependency that hangs is reported
 within the bound, all of them at once; one that fails is named with what it raised; a loop
 task that ended is named."""
 
@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import asyncio
 
-from services.shared.health.checks import (
+from common.health.checks import (
     Dependency,
     answer_readiness,
     check,
     check_all,
     ended_tasks,
 )
-from services.shared.health.policy import CheckResult, Phase
+from common.health.policy import CheckResult, Phase
 
 BOUND_S = 0.2
 

@@ -1,4 +1,4 @@
-"""The health server's HTTP (services/shared/health/http.py): which requests reach an
+"""The health server's HTTP (common/health/http.py): which requests reach an
 endpoint, which are refused with what, and the bytes of an answer."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from services.shared.health.http import Endpoint, render, route
-from services.shared.health.policy import Answer
+from common.health.http import Endpoint, render, route
+from common.health.policy import Answer
 
 
 def status_of(head: bytes) -> int | Endpoint:

@@ -1,11 +1,11 @@
-"""The health decisions (services/shared/health/policy.py): what each phase and each set of
+"""The health decisions (common/health/policy.py): what each phase and each set of
 answers makes /livez and /readyz say."""
 
 from __future__ import annotations
 
 import pytest
 
-from services.shared.health.policy import (
+from common.health.policy import (
     MAX_DETAIL_CHARS,
     CheckResult,
     Phase,

@@ -1,4 +1,4 @@
-"""The health server on the loopback (services/shared/health/server.py): it answers probes
+"""The health server on the loopback (common/health/server.py): it answers probes
 from its endpoints and holds up against what a hostile network sends (a head too long, a
 client too slow, a body, too many connections), and keeps serving after each."""
 
@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from services.shared.health.http import MAX_HEAD_BYTES
-from services.shared.health.policy import Answer
-from services.shared.health.server import HealthServer
+from common.health.http import MAX_HEAD_BYTES
+from common.health.policy import Answer
+from common.health.server import HealthServer
 
 READ_TIMEOUT_S = 0.3
 

@@ -20,6 +20,8 @@ from faststream.kafka import KafkaBroker
 from agent import app as agent_app
 from agent.app import Agent
 from agent.settings import AgentSettings
+from common.health.checks import Dependency
+from common.health.service import ServiceHealth
 from common.reportauth import UNAUTHENTICATED_RESULT, enrol_key, ensure_master, master_path
 from common.settings import ServiceSettings
 from schemas.access import Operation, Pattern, Principal, ResourceKind, acl_rules, group_prefix
@@ -47,8 +49,6 @@ from services.router.settings import RouterSettings
 from services.scheduler import app as scheduler_app
 from services.scheduler.handlers import Scheduler
 from services.scheduler.settings import SchedulerSettings
-from services.shared.health.checks import Dependency
-from services.shared.health.service import ServiceHealth
 from services.store import app as store_app
 from services.store.ml import MlRecorder
 from services.store.plans import PlanRecorder

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 
 from faststream.kafka import KafkaBroker
 
+from common.health import checks
+from common.health.policy import Answer, Phase, liveness
+from common.health.server import HealthServer
 from common.settings import ServiceSettings
-from services.shared.health import checks
-from services.shared.health.policy import Answer, Phase, liveness
-from services.shared.health.server import HealthServer
 
 
 class ServiceHealth:

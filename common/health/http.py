@@ -10,7 +10,7 @@ from enum import StrEnum
 from http import HTTPStatus
 from typing import Final
 
-from services.shared.health.policy import Answer
+from common.health.policy import Answer
 
 # The request line and headers together; a probe's are a few hundred bytes.
 MAX_HEAD_BYTES: Final = 4096

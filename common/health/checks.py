@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.shared.health.policy import Answer, CheckResult, Phase, checks_to_run, readiness
+from common.health.policy import Answer, CheckResult, Phase, checks_to_run, readiness
 
 Ping = Callable[[], Awaitable[object]]
 

@@ -13,8 +13,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Final
 
-from services.shared.health import http
-from services.shared.health.policy import Answer
+from common.health import http
+from common.health.policy import Answer
 
 log = logging.getLogger("clusterwarden.health")
 
