@@ -401,6 +401,11 @@ class Keys:
         """STREAM of audited operator actions (hash-chained entries)."""
         return f"{self.prefix}audit"
 
+    def audit_head(self) -> str:
+        """HASH of the audit stream's head: hash, seq and id of the last entry, and the
+        head's MAC under the audit key (services/shared/audit.py)."""
+        return f"{self.prefix}audit-head"
+
     def api_refusals(self, window: int, source: str, reason: str) -> str:
         """STRING count of one source's refused authentications for one reason in one
         window (services/api/refusals.py; expires with the window after next)."""
@@ -551,6 +556,7 @@ KEY_BOUNDS: dict[str, KeyBound] = {
     "audit_log": KeyBound("kept", "the hash-chained record of operator actions: grows at the "
                           "operators' rate (refused authentications are counted per window, "
                           "not audited one by one); trimming it would break the chain"),
+    "audit_head": KeyBound("per_entity", "one hash: the audit stream's head"),
     "api_refusals": KeyBound("ttl", "EXPIRE with the window after next"),
     "api_refusal_sources": KeyBound("ttl", "EXPIRE with the window after next"),
     "ml_registry": KeyBound("per_entity", "one field per node"),

@@ -1,9 +1,16 @@
-"""Pure: the audit table's hash chain, h_i = SHA-256(h_{i-1} || canonical entry_i).
+"""Pure: the audit table's hash chain, h_i = SHA-256(h_{i-1} || canonical entry_i), and its
+keyed head.
 
 The same chain rule, genesis and hash function as the scheduler's Redis audit stream
 (services/shared/audit.py); the entry differs (it carries a JSON detail and an ISO time).
 The table's `id` is not hashed: PostgreSQL sequences may skip numbers, and the order is
 proven by each entry naming its predecessor's hash.
+
+The head row (last hash, count) carries a MAC under the audit key as the stream's head does
+(`head_mac` with `CHAIN`, moved in the same transaction as each append), so whoever can write
+the store but does not hold the key cannot cut the tail off and rewrite the head to match.
+What it does not protect against is the same as there: a holder of the key, and a rollback
+to an older keyed head, which only a head exported and kept apart (an anchor) reveals.
 """
 
 from __future__ import annotations
@@ -16,7 +23,12 @@ from typing import Any
 
 from services.shared.audit import GENESIS, chain_hash
 
-__all__ = ["GENESIS", "Link", "canonical_entry", "chain_hash", "check_link", "json_detail"]
+__all__ = ["CHAIN", "GENESIS", "Link", "canonical_entry", "chain_hash", "check_link",
+           "json_detail"]
+
+# What the table's head MAC names as its log, unlike the stream's (its Redis key): a head keyed
+# for one of the two is not one for the other.
+CHAIN = "store:audit"
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@
 `transitions` is the log: one row per TaskEvent, unique by event id, never changed. `tasks`
 and `steps` are what the recorder derives from it, recomputed from a task's whole log on
 each new event, so they do not depend on the order events arrived in. `audit` is
-append-only and hash-chained; `audit_head` holds the last hash and the entry count, moved in
-the same transaction as each append.
+append-only and hash-chained; `audit_head` holds the last hash, the entry count and their MAC
+under the audit key, moved in the same transaction as each append.
 """
 
 from __future__ import annotations
@@ -172,13 +172,16 @@ class AuditEntry(Base):
 
 
 class AuditHead(Base):
-    """The chain's head (one row, id 1): a cut-off tail leaves it pointing past the end."""
+    """The chain's head (one row, id 1): a cut-off tail leaves it pointing past the end, and
+    a head rewritten to match fails its MAC (services/store/audit.py)."""
 
     __tablename__ = "audit_head"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     hash: Mapped[str] = mapped_column(String(64))
     count: Mapped[int] = mapped_column(BigInteger)
+    # HMAC-SHA256 under the audit key, hex; None: not keyed (a new log, or one from before).
+    mac: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 # ------------------------------------------------------------------ ML tasks

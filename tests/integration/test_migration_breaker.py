@@ -17,13 +17,14 @@ from uuid import UUID
 import pytest
 
 from agent import fleet
+from common.settings import ServiceSettings
 from common.signing import ensure_signer_keys
 from schemas.events.v1 import Alert, NodeReport, OpsTask, TaskEvent
 from schemas.topics import Topic
 from services.alerts.records import list_alerts
 from services.scheduler.breaker import BreakerConfig
 from services.scheduler.breaker_store import BreakerStore
-from services.shared.audit import AuditLog
+from services.shared.audit import AuditLog, audit_key
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.registry import register
 from services.store.db import migrate, open_store
@@ -317,7 +318,9 @@ async def test_failed_migrations_open_the_breaker_until_an_audited_reset(
 
                 # Audited twice under the token's user: in the scheduler's stream (with the
                 # reset, atomically) and in the API's log.
-                audit = AuditLog(redis, keys)
+                # Verified under the stack's audit key (its processes share tmp_path).
+                audit = AuditLog(redis, keys,
+                                 key=audit_key(ServiceSettings(state_dir=str(tmp_path))))
                 entry = (await audit.read(1))[-1].entry
                 assert (entry.actor, entry.role, entry.action, entry.target, entry.reason,
                         entry.result) == (ADMIN, "admin", "breaker_reset", "itest/migrate",

@@ -1,5 +1,5 @@
-"""`warden audit`: the audit log's head, to keep apart from the store, and the chain's
-verification against it (through the API: admin)."""
+"""`warden audit`: the audit log's head, to keep apart from the store, the chain's
+verification against it, and the head keyed again after a check (through the API: admin)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from warden.cli.common import JsonOption, from_api
+from warden.cli.common import JsonOption, from_api, valid_reason
 
 app = typer.Typer(help="The audit log's hash chain: export its head, verify it (admin).",
                   no_args_is_help=True)
@@ -51,3 +51,20 @@ def audit_verify(
                    f"{verdict['reason']}", err=True)
     if not verdict["ok"]:
         raise typer.Exit(1)
+
+
+@app.command("key-head")
+def audit_key_head(
+    head: Annotated[str, typer.Option(
+        help="The head `warden audit head` printed, checked first (e.g. with `warden audit "
+             "verify --head` against one kept apart): keyed only if it is still the head.",
+        callback=chain_hash)],
+    reason: Annotated[str, typer.Option(help="Why (recorded in the audit log).",
+                                        callback=valid_reason)],
+) -> None:
+    """Key the chain's head under the audit key (admin, audited): a head from before the key
+    was set, or one an append left unkeyed because the head before it had failed. Prints the
+    new head: keep it apart as the next anchor."""
+    keyed = from_api(lambda client: client.call("POST", "/api/audit/head/key",
+                                                json={"head": head, "reason": reason}))
+    typer.echo(f"{keyed['hash']} {keyed['count']}")

@@ -1,15 +1,25 @@
-"""The audit log (admin): newest first, with the chain's verification; and its head, to be
-kept apart from the store and named again in a later verification (`anchor`)."""
+"""The audit log (admin): newest first, with the chain's verification (its head's MAC under
+the audit key included); its head, to be kept apart from the store and named again in a later
+verification (`anchor`); and the head keyed again once an admin has checked the log."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, HTTPException, Query, Request, status
 from pydantic import BaseModel, Field, StringConstraints
 
-from services.api.deps import Admin, RuntimeDep
-from services.store.queries import MAX_PAGE, audit_head, audit_verdict, list_audit
+from schemas.envelope import reason_text
+from services.api.bodies import ReasonBody
+from services.api.deps import Admin, RuntimeDep, audit, client_detail
+from services.store.queries import (
+    MAX_PAGE,
+    append_audit,
+    audit_head,
+    audit_verdict,
+    key_audit_head,
+    list_audit,
+)
 from services.store.views import AuditRow
 
 router = APIRouter(prefix="/api/audit", tags=["audit"])
@@ -64,3 +74,31 @@ async def audit_chain_head(rt: RuntimeDep, _: Admin) -> HeadOut:
     async with rt.store.session() as session:
         head = await audit_head(session)
     return HeadOut(hash=head.hash, count=head.count)
+
+
+class KeyHeadRequest(ReasonBody):
+    head: ChainHash = Field(description="The head's hash as checked (`/api/audit/head`): "
+                                        "keyed only if it is still the head.")
+
+
+@router.post("/head/key", response_model=HeadOut,
+             summary="Key the audit chain's head after checking the log (admin; audited)")
+async def key_chain_head(body: KeyHeadRequest, request: Request, rt: RuntimeDep,
+                         who: Admin) -> HeadOut:
+    """For a head the audit key does not vouch for: one from before the key was set, or one
+    an append left unkeyed because the head before it had failed. The chain must recompute to
+    `head`; check it first against a head kept apart, since a tail cut off before is keyed
+    too. Keyed and audited in one transaction; returns the head after that entry (keep it
+    apart as the new anchor). 409 if the chain is broken or the head is another."""
+    detail = client_detail(request) | {"head": body.head}
+    async with rt.store.session() as session:
+        verdict = await key_audit_head(session, body.head)
+        if verdict.ok:
+            await append_audit(session, actor=who.user, role=who.role, action="audit_head_key",
+                               target="audit/head", reason=reason_text(body.reason),
+                               result=f"keyed at {verdict.entries} entries", detail=detail)
+            head = await audit_head(session)
+            return HeadOut(hash=head.hash, count=head.count)
+    await audit(rt, who, "audit_head_key", "audit/head", body.reason, f"409 {verdict.reason}",
+                detail)
+    raise HTTPException(status.HTTP_409_CONFLICT, verdict.reason)
