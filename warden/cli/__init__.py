@@ -20,6 +20,7 @@ from warden.cli import (
     maintenance,
     ml,
     nodes,
+    secrets,
     tasks,
     templates,
 )
@@ -32,7 +33,8 @@ for name, group in (("nodes", nodes.app), ("fleet", fleet.app), ("cluster", clus
                     ("breaker", breaker.app), ("tasks", tasks.app),
                     ("templates", templates.app), ("api", api.app), ("ml", ml.app),
                     ("alerts", alerts.app), ("maintenance", maintenance.app),
-                    ("rotation", maintenance.rotation_app), ("audit", audit.app)):
+                    ("rotation", maintenance.rotation_app), ("audit", audit.app),
+                    ("secrets", secrets.app)):
     app.add_typer(group, name=name)
 
 
