@@ -48,13 +48,15 @@ bench: setup
 	@source deploy/local/env.sh && $(BIN)/python -m bench.kubernetes_remediation
 	@source deploy/local/env.sh && $(BIN)/python -m bench.chaos_schedule
 
-# The AsyncAPI document of every service's subscriptions, from the code (docs/asyncapi/).
+# The AsyncAPI document of every service, from the code (docs/asyncapi/): what it receives,
+# then what it sends (the access table, schemas/access.py) and the event schemas.
 asyncapi: setup
 	@for svc in collector analyzer templater scheduler executor store router tuner; do \
 	  WARDEN_STATE_DIR=$$(mktemp -d) $(BIN)/faststream docs gen services.$$svc.app:create_app \
 	    --factory -o docs/asyncapi/$$svc.json; done
 	@AGENT_NODE_ID=node-001 $(BIN)/faststream docs gen agent.app:create_app --factory \
 	  -o docs/asyncapi/agent.json
+	@$(BIN)/python -m schemas.asyncapi docs/asyncapi
 
 clean: down
 	rm -rf .state .venv deploy/kafka/target

@@ -59,7 +59,8 @@ GRANTS: dict[Principal, Grant] = {
         reads=(T.NODE_REPORTS, T.NODE_COMMAND_RESULTS)),
     Principal.ANALYZER: _grant(writes=(T.OPS_NEEDS, T.OPS_POOL_HEALTH, T.OPS_CAPACITY_PLANS),
                                reads=(T.OPS_SAMPLES, T.OPS_NODE_STATE)),
-    Principal.TEMPLATER: _grant(writes=(T.OPS_TASKS, T.OPS_TASK_EVENTS),
+    # Template changes too: a templater that seeds a built-in version tells the others.
+    Principal.TEMPLATER: _grant(writes=(T.OPS_TASKS, T.OPS_TASK_EVENTS, T.OPS_TEMPLATE_CHANGES),
                                 reads=(T.OPS_NEEDS, T.OPS_TEMPLATE_CHANGES)),
     Principal.SCHEDULER: _grant(writes=(T.OPS_TASKS_SCHEDULED, T.OPS_TASK_EVENTS, T.OPS_ALERTS),
                                 reads=(T.OPS_TASKS, T.OPS_TASK_EVENTS, T.OPS_POOL_HEALTH)),

@@ -1,8 +1,9 @@
 """Every topic name, defined once and versioned.
 
 A breaking change to an event makes a `v2` model and a `.v2` topic; adding an optional field
-stays in `v1`. A namespace (one per test run, or per deployment sharing a broker) prefixes
-every name so that runs never see each other's events.
+stays in `v1` and raises the topic's `schema_minor` (docs/events.md: what else a version
+allows, and how a reader takes a newer minor). A namespace (one per test run, or per
+deployment sharing a broker) prefixes every name so that runs never see each other's events.
 """
 
 from enum import StrEnum

@@ -8,7 +8,16 @@ from uuid import UUID
 
 from pydantic import AwareDatetime, Field, model_validator
 
-from schemas.envelope import ClusterId, Envelope, Identifier, ShortText, Strict
+from schemas.envelope import (
+    ClusterId,
+    Envelope,
+    Identifier,
+    SchemaMinor,
+    ShortText,
+    Strict,
+    Versioned,
+    written_at_minor,
+)
 from schemas.events.v1.actions import Action, ActionName
 from schemas.events.v1.values import (
     Attempt,
@@ -23,8 +32,13 @@ from schemas.events.v1.values import (
 UNORDERED_SEQ = 0
 
 
-class CommandPayload(Strict):
-    """What an agent executes; signed by the centre and verified by the agent before acting."""
+class CommandPayload(Versioned):
+    """What an agent executes; signed by the centre and verified by the agent before acting.
+
+    Parsed on its own from the signed bytes, so it carries its own minor version: an agent
+    that knows an older one ignores a newer action's unknown fields, never before the
+    signature over the exact bytes has verified.
+    """
 
     command_id: UUID
     # The audience is a node of one cluster: two clusters may both have a `node-001`, and
@@ -39,6 +53,7 @@ class CommandPayload(Strict):
     step_index: StepIndex | None = None
     dry_run: bool = False
     action: Action
+    schema_minor: SchemaMinor = written_at_minor(0)
 
     @classmethod
     def for_action(cls, action: Action, *, cluster_id: str, command_id: UUID,
