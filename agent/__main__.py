@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 
 from agent.app import create_app
+from common.observability import log_with_trace_ids
 
 
 def main() -> None:
     """Run the agent until SIGTERM or SIGINT."""
-    logging.basicConfig(
-        level=os.getenv("AGENT_LOG_LEVEL", "INFO").upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    log_with_trace_ids(os.getenv("AGENT_LOG_LEVEL", "INFO"))
     app = create_app()
     asyncio.run(app.run())
 

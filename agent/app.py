@@ -13,6 +13,7 @@ from typing import Literal
 
 from faststream import FastStream
 from faststream.kafka import KafkaBroker
+from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Tracer
 
 from agent.actions import JobActions
@@ -38,6 +39,7 @@ from common.health.policy import Phase
 from common.health.service import ServiceHealth
 from common.kafka_access import client_options
 from common.messaging import EventBus, ensure_topics, make_broker, subscribe
+from common.metrics import AGENT_COMMANDS, AGENT_REPORTS, instruments
 from common.reportauth import NodeReportKey
 from common.signing import verifier_from_files
 from common.telemetry import setup_telemetry, shutdown_telemetry
@@ -255,7 +257,18 @@ class Agent:
     # ------------------------------------------------------------ commands
 
     async def on_command(self, command: Command) -> None:
-        """Verify and execute a command, then publish its result (if it was ours)."""
+        """Verify and execute a command, then publish its result (if it was ours); one for
+        this node is a span of the command's trace, so the task's trace shows what the node
+        did (every agent reads every command: the others' would bury it)."""
+        if command.subject != self.settings.node_id:
+            await self._on_command(command)
+            return
+        with self.tracer.start_as_current_span("agent.command", attributes={
+                "node.id": self.settings.node_id, "cluster.id": self.settings.cluster_id,
+                "command.event_id": str(command.event_id)}):
+            await self._on_command(command)
+
+    async def _on_command(self, command: Command) -> None:
         if self._executor is None:
             raise InfrastructureUnavailable("the agent is not started")
         plan = read_faults(self.state_dir)
@@ -271,6 +284,7 @@ class Agent:
             raise InfrastructureUnavailable(f"command journal: {err}") from err
         if result is None:
             return
+        trace.get_current_span().set_attributes(result_attributes(result))
         if self._jobs is not None and self._journal is not None:
             # A drain or offline stops jobs now rather than at the next report.
             self._jobs.reconcile(self._journal.mode, plan)
@@ -281,8 +295,14 @@ class Agent:
         """Publish an answer sealed with the node's report key: what acts on answers (the
         executor, the router, the collector's probes) reads only its node's own."""
         key = self._report_key
-        await self.bus.publish_sealed(Topic.NODE_COMMAND_RESULTS, result,
-                                      None if key is None else key.headers)
+        with self.tracer.start_as_current_span("agent.result", kind=SpanKind.PRODUCER,
+                                               attributes={
+                "node.id": self.settings.node_id, "cluster.id": self.settings.cluster_id,
+                **result_attributes(result)}):
+            await self.bus.publish_sealed(Topic.NODE_COMMAND_RESULTS, result,
+                                          None if key is None else key.headers)
+            instruments().counter(AGENT_COMMANDS).add(
+                1, {"action": result.action or "unknown", "outcome": result.outcome})
 
     async def _publish_later(self, result: CommandResult) -> None:
         """Publish the result of a long action that just ended."""
@@ -402,6 +422,23 @@ class Agent:
             key = self._report_key
             await self.bus.publish_sealed(Topic.NODE_REPORTS, report,
                                           None if key is None else key.headers)
+            instruments().counter(AGENT_REPORTS).add(1)
+
+
+def result_attributes(result: CommandResult) -> dict[str, str | int | bool]:
+    """What a command's execution and its answer say in their spans."""
+    attributes: dict[str, str | int | bool] = {
+        "command.id": str(result.command_id), "command.outcome": result.outcome,
+        "command.duplicate": result.duplicate}
+    if result.action is not None:
+        attributes["command.action"] = result.action
+    if result.task_id is not None:
+        attributes["task.id"] = str(result.task_id)
+    if result.step_index is not None:
+        attributes["step.index"] = result.step_index
+    if result.reason:
+        attributes["command.reason"] = result.reason
+    return attributes
 
 
 def create_agent(settings: AgentSettings | None = None) -> Agent:

@@ -34,6 +34,7 @@ from common.errors import PermanentError
 from common.kafka_access import broker_security
 from common.settings import ServiceSettings
 from common.telemetry import Telemetry
+from common.tracing import TRACEPARENT
 from schemas.catalog import TOPIC_MODELS
 from schemas.envelope import Envelope
 from schemas.topics import PARTITIONS, Topic, dead_letter_name, topic_name
@@ -176,8 +177,13 @@ class BulkPublisher:
             raise RuntimeError("BulkPublisher.start() was not awaited")
         return self._producer
 
-    async def publish_many(self, topic: Topic, events: Sequence[Envelope]) -> int:
-        """Send every event (pipelined), then await every acknowledgement."""
+    async def publish_many(self, topic: Topic, events: Sequence[Envelope],
+                           headers: Sequence[Mapping[str, str]] | None = None) -> int:
+        """Send every event (pipelined), then await every acknowledgement.
+
+        `headers`, one mapping per event, is added to each event's own; a `traceparent` among
+        them puts that event in its own trace (the report a sample or a state change came
+        from) instead of the batch span's."""
         if not events:
             return 0
         wire = topic_name(topic, self.namespace)
@@ -188,16 +194,15 @@ class BulkPublisher:
         ):
             carrier: dict[str, str] = {}
             self._propagator.inject(carrier)
-            context_headers = [(k, v.encode()) for k, v in carrier.items()]
             pending = [
                 await self.producer.send(
                     wire,
                     event.model_dump_json().encode(),
                     key=event.subject.encode(),
-                    headers=[*context_headers,
-                             *((k, v.encode()) for k, v in _headers(event).items())],
+                    headers=[(k, v.encode()) for k, v in _event_headers(
+                        event, carrier, headers[i] if headers else {}).items()],
                 )
-                for event in events
+                for i, event in enumerate(events)
             ]
             await asyncio.gather(*pending)
         return len(pending)
@@ -205,6 +210,14 @@ class BulkPublisher:
 
 def _headers(event: Envelope) -> dict[str, str]:
     return {"content-type": "application/json", "event-type": event.event_type}
+
+
+def _event_headers(event: Envelope, batch_context: Mapping[str, str],
+                   own: Mapping[str, str]) -> dict[str, str]:
+    """One event's headers in a bulk send: the batch span's context unless `own` names the
+    event's own trace, then the event's type and `own`."""
+    context = {} if TRACEPARENT in own else dict(batch_context)
+    return {**context, **_headers(event), **own}
 
 
 def make_broker(

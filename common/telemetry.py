@@ -18,6 +18,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+from common import observability
+
 
 @dataclass(frozen=True)
 class Telemetry:
@@ -54,9 +56,14 @@ def setup_telemetry(service_name: str) -> Telemetry:
 
         tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
+    # Also pulled by Prometheus on WARDEN_METRICS_PORT, when it is set (common/observability.py).
+    prometheus = observability.prometheus_reader()
+    if prometheus is not None:
+        readers.append(prometheus)
     meter_provider = MeterProvider(resource=resource, metric_readers=readers)
     trace.set_tracer_provider(tracer_provider)
     metrics.set_meter_provider(meter_provider)
+    observability.install(tracer_provider)
     _process_telemetry = Telemetry(tracer_provider, meter_provider)
     return _process_telemetry
 

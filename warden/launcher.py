@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,21 @@ SERVICES: tuple[str, ...] = ("collector", "analyzer", "templater", "scheduler", 
 # the services (PROCESSES); tests and benchmarks keep starting only the services they name.
 API = "api"
 PROCESSES: tuple[str, ...] = (*SERVICES, API)
+
+
+# With a base port, each process serves its metrics (WARDEN_METRICS_PORT) on the base plus its
+# place in PROCESSES: processes of one machine cannot share a port, and
+# deploy/local/prometheus.sh scrapes them where this puts them.
+METRICS_BASE_PORT = "WARDEN_METRICS_BASE_PORT"
+
+
+def metrics_env(name: str, env: Mapping[str, str]) -> dict[str, str]:
+    """WARDEN_METRICS_PORT of process `name` under WARDEN_METRICS_BASE_PORT (from `env`, else
+    the environment); nothing without one (or with 0)."""
+    base = int(env.get(METRICS_BASE_PORT) or os.environ.get(METRICS_BASE_PORT) or 0)
+    if not base or name not in PROCESSES:
+        return {}
+    return {"WARDEN_METRICS_PORT": str(base + PROCESSES.index(name))}
 
 
 @dataclass
@@ -53,7 +69,7 @@ def start_services(state_dir: Path, env: dict[str, str],
                 service_command(name),
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, **env},
+                env={**os.environ, **env, **metrics_env(name, env)},
                 start_new_session=True,  # Ctrl-C in a terminal goes to us; we stop them in order
             )
         started.append(ServiceProcess(name, process, log_path))

@@ -66,6 +66,31 @@ go_install_into() {
     mv "${tmp}" "${final}"
 }
 
+# Builds one program of a Go module at a released version into the folder $1, for a module
+# whose go.mod has replace directives (`go install module@version` refuses those): the
+# module's source comes from the module proxy into the module cache, and is built there as
+# the main module, its go.sum checking every dependency. Made in a temporary folder and moved
+# into place whole, as go_install_into does.
+# Usage: go_build_module_into <final folder> <module@version> <./package> <binary name>
+#        [go build flag...]
+go_build_module_into() {
+    local final="$1" module="$2" package="$3" binary="$4" tmp source
+    shift 4
+    command -v go >/dev/null 2>&1 || die "go is not installed; ${module} is built with it"
+    # From the root folder: a go.mod in the caller's folder must not take part.
+    source="$(cd / && go mod download -json "${module}" \
+        | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')" || source=""
+    [[ -n "${source}" && -d "${source}" ]] \
+        || die "go mod download of ${module} failed (no network or module proxy?)"
+    tmp="$(mktemp -d)"
+    chmod 755 "${tmp}"
+    (cd "${source}" && go build -o "${tmp}/${binary}" "$@" "${package}") \
+        || { rm -rf "${tmp}"; die "go build of ${module} ${package} failed"; }
+    mkdir -p "$(dirname "${final}")"
+    rm -rf "${final}"
+    mv "${tmp}" "${final}"
+}
+
 # Serialises a script's start/stop: two concurrent `start`s would both find the port free and
 # race to bind it. The lock, `$STATE_DIR/$COMPONENT.sh.lock`, is held on fd 9 until the script
 # exits (each daemon is started with fd 9 closed, or it would hold the lock while it runs).

@@ -67,6 +67,12 @@ fi
 # Prometheus Alertmanager (alerts reach people through it) is a Go program: built once from
 # the Go module proxy and cached under the state folder.
 "${ROOT}/deploy/local/alertmanager.sh" build
+# Prometheus, which scrapes the services' metrics for the dashboards (deploy/grafana): built
+# once from the Go module proxy and cached under the state folder.
+"${ROOT}/deploy/local/prometheus.sh" build
+# Jaeger (the trace backend the one-trace test and local development export to) is a Go
+# program too: built once from its module's source on the module proxy, cached.
+"${ROOT}/deploy/local/jaeger.sh" build
 # The Kubernetes control plane the Kubernetes backend is tested against (etcd, kube-apiserver,
 # kube-controller-manager, kube-scheduler, kwok): built once from the Go module proxy, cached.
 "${ROOT}/deploy/local/kubernetes.sh" build

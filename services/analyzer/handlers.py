@@ -8,13 +8,24 @@ each pool's health (nodes per state, unhealthy fraction, utilisation) for the sc
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from datetime import datetime
-from uuid import uuid5
+from uuid import UUID, uuid5
+
+from faststream.kafka import KafkaMessage
+from opentelemetry import trace
 
 from common.clock import Clock
 from common.crashpoints import crash_point
 from common.messaging import EventBus
+from common.tracing import (
+    current_trace,
+    item_span,
+    item_traces,
+    need_attributes,
+    span_trace,
+)
 from schemas import ids
 from schemas.events.v1 import (
     NodeState,
@@ -27,6 +38,7 @@ from schemas.events.v1 import (
 from schemas.topics import Topic
 from services.analyzer.faults import classify
 from services.analyzer.host import host_faults
+from services.analyzer.metrics import record_needs, record_pools
 from services.analyzer.needs import NeedModule
 from services.analyzer.observation import NodeObservation, PoolObservation
 from services.analyzer.settings import AnalyzerSettings
@@ -35,6 +47,7 @@ from services.shared.redis_client import Keys
 
 log = logging.getLogger("clusterwarden.analyzer")
 SOURCE = "analyzer"
+_tracer = trace.get_tracer("clusterwarden.analyzer")
 
 
 class Analyzer:
@@ -50,8 +63,27 @@ class Analyzer:
         self.bus = bus
         self.keys = keys
 
-    async def on_samples(self, batch: SampleBatch) -> None:
-        """A batch of samples: fault runs in one Redis call, then every node need."""
+    async def on_samples(self, batch: SampleBatch, msg: KafkaMessage) -> None:
+        """A batch of samples, each analysed in a span of its own report's trace (the
+        collector lists each sample's context in the message's headers), so a need a sample
+        raises goes on in the trace of the report that showed the fault."""
+        spans = [item_span(_tracer, "analyzer.sample", packed, kind=trace.SpanKind.CONSUMER,
+                           attributes={"node.id": s.node_id, "cluster.id": s.cluster_id,
+                                       "report.seq": s.seq})
+                 for s, packed in zip(batch.samples,
+                                      item_traces(msg.headers, len(batch.samples)),
+                                      strict=True)]
+        try:
+            await self.analyze_samples(batch, {s.report_event_id: span for s, span
+                                               in zip(batch.samples, spans, strict=True)})
+        finally:
+            for span in spans:
+                span.end()
+
+    async def analyze_samples(self, batch: SampleBatch,
+                              origins: Mapping[UUID, trace.Span] | None = None) -> None:
+        """A batch of samples: fault runs in one Redis call, then every node need. `origins`:
+        the span of each sample by its report's id, in which the needs it raises go out."""
         # Only faults that call for action make a run: an application XID alone does not.
         fault_args = self.settings.offline.faults
         faults = [[*s.faults, *host_faults(s.disk_used_pct, s.memory_pct,
@@ -83,7 +115,7 @@ class Analyzer:
             )
             for sample, run, fatal, found in zip(batch.samples, runs, recent, faults,
                                                  strict=True)
-        ], from_samples=True)
+        ], from_samples=True, origins=origins)
 
     async def recent_fatal(self, batch: SampleBatch, runs: list[int]) -> list[dict[int, int]]:
         """Per sample, each faulty GPU's earlier fatal episodes within the repeat window, for
@@ -118,8 +150,8 @@ class Analyzer:
             )
         ], from_samples=False)
 
-    async def evaluate_nodes(self, observations: list[NodeObservation],
-                             from_samples: bool) -> None:
+    async def evaluate_nodes(self, observations: list[NodeObservation], from_samples: bool,
+                             origins: Mapping[UUID, trace.Span] | None = None) -> None:
         now = self.clock()
         raised: list[OpsNeed] = []
         for module in self.needs:
@@ -135,7 +167,7 @@ class Analyzer:
             elif from_samples:
                 raised += await self._evaluate(
                     module, observations, [o.node_id for o in observations], now)
-        await self.publish(raised)
+        await self.publish(raised, origins)
 
     async def analyze_pools(self) -> None:
         """One pool period: publish each pool's health, then run the cluster-level needs."""
@@ -147,6 +179,7 @@ class Analyzer:
             await self.pools.record_utilization(pool)
         await self.bus.publish_many(Topic.OPS_POOL_HEALTH,
                                     [pool_health(pool, now) for pool in observations])
+        record_pools(observations, self.settings)
         raised: list[OpsNeed] = []
         for module in self.needs:
             if module.level == "cluster":
@@ -172,29 +205,50 @@ class Analyzer:
         await self.pools.save_conditions(changes)
         return needs
 
-    async def publish(self, needs: list[OpsNeed]) -> None:
+    async def publish(self, needs: list[OpsNeed],
+                      origins: Mapping[UUID, trace.Span] | None = None) -> None:
         """Publish needs that are not already open (an identical open need is not raised).
 
         Marking a need open and keeping it to publish are one Redis call (the outbox): a
-        crash before the broker has it leaves it to the relay, never lost behind its mark."""
+        crash before the broker has it leaves it to the relay, never lost behind its mark.
+        Each need goes out (and waits in the outbox) in the trace of the sample its evidence
+        names (`origins`, by report id), else in the current one."""
         needs = [need.model_copy(update={
             # The ranges it was raised under travel with it, to the executor's guards.
             "ranges": self.settings.ranges_for(need.cluster_id, need.pool),
             "dry_run": need.dry_run or self.settings.dry_run,
         }) for need in needs]
-        fresh = await self.store.open_needs(needs, self.settings.open_need_ttl_s, self.clock())
+        parents = {need.event_id: _origin(need, origins or {}) for need in needs}
+        fresh = await self.store.open_needs(
+            needs, self.settings.open_need_ttl_s, self.clock(),
+            traces=[current_trace() if (parent := parents[need.event_id]) is None
+                    else span_trace(parent) for need in needs])
         for need in fresh:
             log.info("need %s for %s%s: %s", need.kind, need.target,
                      " (dry run)" if need.dry_run else "",
                      need.evidence[0].detail or need.evidence[0].metric)
         if fresh:
             crash_point("analyzer.after_open_need")
-        await self.bus.publish_many(Topic.OPS_NEEDS, fresh)
+        for need in fresh:
+            # One by one, each in its sample's trace (needs are few: one per fault episode).
+            parent = parents[need.event_id]
+            with (nullcontext() if parent is None
+                  else trace.use_span(parent, end_on_exit=False)), \
+                    _tracer.start_as_current_span("analyzer.need",
+                                                  attributes=need_attributes(need)):
+                await self.bus.publish_many(Topic.OPS_NEEDS, [need])
         await self.store.outbox.delivered(need.event_id for need in fresh)
+        record_needs(fresh, self.clock())
 
     async def relay_outbox(self) -> None:
         """Publish the needs a dead analyzer marked open and left unpublished."""
         await self.store.outbox.relay(self.bus, self.clock(), self.settings.outbox_grace_s)
+
+
+def _origin(need: OpsNeed, origins: Mapping[UUID, trace.Span]) -> trace.Span | None:
+    """The span of the sample a need's evidence names, if it is among `origins`."""
+    return next((origins[e.source_event_id] for e in need.evidence
+                 if e.source_event_id is not None and e.source_event_id in origins), None)
 
 
 def pool_health(pool: PoolObservation, now: datetime) -> PoolHealth:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -127,17 +128,21 @@ class AnalyzerStore:
             args += [e.episode_id, 1 if e.starts_now else 0]
         return [int(v) for v in await self._episodes(keys=keys, args=args)]
 
-    async def open_needs(self, needs: list[OpsNeed], ttl_s: int, now: datetime) -> list[OpsNeed]:
+    async def open_needs(self, needs: list[OpsNeed], ttl_s: int, now: datetime,
+                         traces: Sequence[str] | None = None) -> list[OpsNeed]:
         """The needs of which none of the same kind was open for their target; each is marked
         open and written to the outbox in the same call, so a crash before it is published
-        leaves it for the relay instead of losing it while the mark blocks its raising again."""
+        leaves it for the relay instead of losing it while the mark blocks its raising again.
+        `traces`: each need's packed trace context, kept with it in the outbox (by default
+        the current span's)."""
         if not needs:
             return []
         keys = [*self.outbox.script_keys,
                 *(self.keys.open_need(n.cluster_id, n.kind, n.target) for n in needs)]
         args: list[str | int] = [ttl_s, epoch_ms(now)]
-        for need in needs:
-            args += [str(need.event_id), record(Topic.OPS_NEEDS, need)]
+        packed: Sequence[str | None] = traces if traces is not None else [None] * len(needs)
+        for need, trace_context in zip(needs, packed, strict=True):
+            args += [str(need.event_id), record(Topic.OPS_NEEDS, need, trace_context)]
         opened = await self._open(keys=keys, args=args)
         return [need for need, fresh in zip(needs, opened, strict=True) if int(fresh)]
 

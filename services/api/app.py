@@ -21,6 +21,8 @@ from fastapi.staticfiles import StaticFiles
 from starlette.types import Scope
 
 from common.clock import Clock
+from common.metrics import API_AUTH_REFUSALS, Instruments
+from common.observability import instrument_app
 from common.telemetry import Telemetry, setup_telemetry
 from schemas.events.v1 import TemplateChanged, now_utc
 from schemas.topics import Topic
@@ -84,8 +86,8 @@ async def _runtime(settings: ApiSettings, tokens: TokenTable, telemetry: Telemet
         templates=TemplateBook(store, notify),
         forecasts=ForecastCache(settings.forecast_ttl_s),
         refusals=RefusalCounter(redis, keys),
-        refusal_count=telemetry.meter("clusterwarden.api").create_counter(
-            "api.auth_refusals", description="Refused authentications by reason"),
+        refusal_count=Instruments(telemetry.meter("clusterwarden.api")).counter(
+            API_AUTH_REFUSALS),
     )
 
 
@@ -144,6 +146,7 @@ def create_api(settings: ApiSettings | None = None, clock: Clock = now_utc) -> F
     # Last: the console takes every path no API route matched.
     console = Path(settings.console_dir) if settings.console_dir else CONSOLE_DIR
     app.mount("/", StaticFiles(directory=console, html=True), name="console")
+    instrument_app(app)
     return app
 
 

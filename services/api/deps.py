@@ -10,10 +10,10 @@ from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request, Security, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from opentelemetry.metrics import Counter
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from common.metrics import Counter
 from schemas.envelope import reason_text, short_text
 from services.analyzer.settings import AnalyzerSettings
 from services.api.auth import Principal, Refusal, Role, TokenTable

@@ -4,7 +4,7 @@ Each 401 used to be one entry in the store's audit chain, so a flood of guessed 
 the chain without bound and held its head row's lock for every guess. Now the refusals are
 counted in Redis per window (WINDOW_S) and per (source address, reason): the first refusal of
 a pair in a window is audited, the rest of that window only counted (the count's key expires
-with the window after next, and `api.auth_refusals` counts them all). At most
+with the window after next, and `warden.api.auth_refusals` counts them all). At most
 MAX_AUDITED_PAIRS pairs are audited per window, and one more entry says the cap was reached:
 a window adds at most MAX_AUDITED_PAIRS + 1 entries whatever the flood, spread over however
 many addresses.

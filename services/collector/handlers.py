@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
@@ -19,8 +20,10 @@ from common.crashpoints import crash_point
 from common.deadletter import DeadLetterPolicy, classify, records_of
 from common.errors import PermanentError
 from common.messaging import BulkPublisher, EventBus, parse_event
+from common.metrics import COLLECTOR_REPORTS, REPORT_TO_STATE, Instruments
 from common.reportauth import UNAUTHENTICATED, WRONG_SENDER, ReportAuthenticator
 from common.signing import CommandSigner
+from common.tracing import headers_trace, item_span, item_traces_header, span_trace, unpack
 from schemas.envelope import short_text
 from schemas.events.v1 import (
     Alert,
@@ -54,6 +57,8 @@ class UsableReport:
     state: NodeStateName
     record: ConsumerRecord[Any, Any]
     sample: Sample
+    # The report's span in its own trace: its sample and state change go on in it.
+    span: trace.Span = trace.INVALID_SPAN
 
     @property
     def partition(self) -> int:
@@ -89,16 +94,37 @@ class Collector:
         self.bus = bus
         self.dead_letters = dead_letters
         self.tracer = tracer
-        self.reports_counter = meter.create_counter(
-            "collector.reports", description="Node reports by outcome"
-        )
+        recorded = Instruments(meter)
+        self.reports_counter = recorded.counter(COLLECTOR_REPORTS)
+        self.state_latency = recorded.histogram(REPORT_TO_STATE)
 
     async def on_reports(self, bodies: list[bytes], msg: KafkaMessage) -> None:
-        """A batch of raw reports: each one is validated on its own, bad ones dead-lettered."""
+        """A batch of raw reports: each one is validated on its own, bad ones dead-lettered.
+
+        Each report gets a span of its own trace (the agent's), linked to the batch's: the
+        batch's span starts a trace of its own, and everything a report causes must stay in
+        the report's."""
+        spans: list[trace.Span] = []
+        try:
+            await self._reports(records_of(msg.raw_message), spans)
+        finally:
+            for span in spans:
+                span.end()
+
+    def _report_span(self, record: ConsumerRecord[Any, Any]) -> trace.Span:
+        return item_span(self.tracer, "collector.report", headers_trace(record.headers),
+                         kind=trace.SpanKind.CONSUMER,
+                         attributes={"messaging.kafka.partition": int(record.partition),
+                                     "messaging.kafka.offset": int(record.offset)})
+
+    async def _reports(self, records: Sequence[ConsumerRecord[Any, Any]],
+                       spans: list[trace.Span]) -> None:
         now = self.clock()
         usable: list[UsableReport] = []
         outcomes: Counter[str] = Counter()
-        for record in records_of(msg.raw_message):
+        for record in records:
+            span = self._report_span(record)
+            spans.append(span)
             try:
                 report = parse_event(
                     NodeReport, record.value or b"", record.key, self.settings.max_message_bytes
@@ -107,7 +133,10 @@ class Collector:
                 _, reason, detail = classify(err)
                 await self.dead_letters.dead_letter(record, reason, detail)
                 outcomes[f"dead_letter:{reason}"] += 1
+                span.set_attribute("report.outcome", f"dead_letter:{reason}")
                 continue
+            span.set_attributes({"node.id": report.node_id, "cluster.id": report.cluster_id,
+                                 "report.seq": report.seq, "report.faults": len(report.faults)})
             refusal = self._unauthentic(report, record)
             if refusal is not None:
                 # Before anything is read from it: a forged report touches no state.
@@ -122,6 +151,7 @@ class Collector:
                 log.warning("report %s from %s is %s; not used for decisions",
                             report.event_id, report.node_id, verdict)
                 outcomes[verdict] += 1
+                span.set_attribute("report.outcome", verdict)
                 continue
             if policy.seq_ahead_of_clock(report.seq, now, self.settings.future_skew_s):
                 await self._refuse(report, record, "implausible_seq", (
@@ -131,7 +161,7 @@ class Collector:
                 outcomes["dead_letter:implausible_seq"] += 1
                 continue
             usable.append(UsableReport(report, state_from_mode(report.mode), record,
-                                       policy.summarize(report, SOURCE, now)))
+                                       policy.summarize(report, SOURCE, now), span))
         if usable:
             await self.apply(usable, outcomes, now)
         for outcome, count in outcomes.items():
@@ -167,10 +197,15 @@ class Collector:
             self.settings.suspect_after_intervals)
         samples: list[tuple[int, Sample]] = []
         transitions: list[NodeState] = []
+        # Each report's trace, for what it causes: its sample (inside a batch) and its state
+        # change (a message of its own).
+        sample_traces: dict[UUID, str] = {}
+        transition_headers: list[dict[str, str]] = []
         cut_off = await self._partitioned(usable, applied, now)
         for u, result in zip(usable, applied, strict=True):
             report, state = u.report, u.state
             outcomes[result.outcome] += 1
+            u.span.set_attribute("report.outcome", result.outcome)
             if result.outcome == "unknown":
                 # Quarantined, not registered: a node must be enrolled before it counts.
                 await self.dead_letters.dead_letter(
@@ -187,7 +222,9 @@ class Collector:
                 sample = with_fault(sample, Fault(kind="partitioned",
                                                   detail=cut_off[u.report.event_id]))
             samples.append((u.partition, sample))
+            sample_traces[sample.event_id] = span_trace(u.span)
             if result.previous != state:
+                transition_headers.append(unpack(sample_traces[sample.event_id]))
                 transitions.append(
                     NodeState(
                         event_id=policy.derived_id("state", report.event_id),
@@ -204,13 +241,26 @@ class Collector:
                         last_report_at=report.occurred_at,
                     )
                 )
-        await self.bus.publish_many(Topic.OPS_SAMPLES,
-                                    policy.batch_samples(samples, SOURCE, now))
+        batches = policy.batch_samples(samples, SOURCE, now)
+        await self.bus.publish_many(Topic.OPS_SAMPLES, batches, [
+            item_traces_header([sample_traces.get(s.event_id, "") for s in batch.samples])
+            for batch in batches])
         if self.prober is not None:
             await self.prober.steer_intervals(
                 [u.report for u, result in zip(usable, applied, strict=True)
                  if result.outcome == "ok"], now)
-        await self.bus.publish_many(Topic.OPS_NODE_STATE, transitions)
+        await self.bus.publish_many(Topic.OPS_NODE_STATE, transitions, transition_headers)
+        self._record_state_latency(transitions)
+
+    def _record_state_latency(self, transitions: list[NodeState]) -> None:
+        """Report to published state change, per change (few: a node's state changes
+        rarely, so this costs the report path nothing)."""
+        published = self.clock()
+        for change in transitions:
+            if change.last_report_at is not None:
+                self.state_latency.record(
+                    max(0.0, (published - change.last_report_at).total_seconds()),
+                    {"state": change.state})
 
     async def _partitioned(self, usable: list[UsableReport], applied: list[Applied],
                            now: datetime) -> dict[UUID, str]:

@@ -12,6 +12,8 @@ import os
 from datetime import datetime, timedelta
 from uuid import UUID, uuid5
 
+from opentelemetry import trace
+
 from common.clock import Clock
 from common.signing import CommandSigner
 from schemas import ids
@@ -35,6 +37,7 @@ from services.executor.ports import Publisher
 from services.executor.settings import ExecutorSettings
 
 log = logging.getLogger("clusterwarden.executor")
+_tracer = trace.get_tracer("clusterwarden.executor")
 _CENTRE_TYPES = (AddCapacity, RemoveCapacity, MigrateJobs, ReleaseNode, RestartAgent)
 
 
@@ -138,5 +141,11 @@ class CommandSender:
         ))
 
     async def _publish(self, wf: Workflow, payload: CommandPayload) -> None:
-        await self.bus.publish(
-            Topic.NODE_COMMANDS, self.signer.sign(payload, SOURCE))
+        # Its own span, so the trace names the command the agent's execution answers.
+        with _tracer.start_as_current_span("executor.command", kind=trace.SpanKind.PRODUCER,
+                                           attributes={
+                "command.id": str(payload.command_id), "command.action": payload.action.action,
+                "node.id": payload.node_id, "cluster.id": payload.cluster_id,
+                "task.id": wf.task_id, "step.index": wf.step, "task.epoch": wf.epoch}):
+            await self.bus.publish(
+                Topic.NODE_COMMANDS, self.signer.sign(payload, SOURCE))

@@ -22,6 +22,7 @@ from typing import Any, Literal, NamedTuple, cast
 
 from redis.asyncio import Redis
 
+from common.tracing import current_trace
 from schemas.envelope import short_text
 from schemas.events.v1 import OpsTask, OutputValue, StepState, TaskState
 from services.executor.events import SOURCE
@@ -179,6 +180,7 @@ class Workflow:
     reason: str = ""
     cause: str = ""
     final: FinalNotice | None = None  # the announcement its final state owes
+    trace_context: str = ""  # packed: the trace it runs in ('' for one journaled without)
 
     @property
     def task_id(self) -> str:
@@ -284,7 +286,13 @@ class Journal:
             reason=row.get("reason", ""),
             cause=row.get("cause", ""),
             final=FinalNotice.from_json(row["finalise"]) if row.get("finalise") else None,
+            trace_context=row.get("trace", ""),
         )
+
+    async def trace_of(self, task_id: str) -> str:
+        """The packed trace context a workflow runs in ('' if none is kept)."""
+        value = await self.redis.hget(self.keys.workflow(task_id), "trace")
+        return text(value) if value else ""
 
     async def task_of_command(self, command_id: str) -> str | None:
         """The task a command id belongs to (a status query's or a cancel's: with a mark)."""
@@ -342,12 +350,14 @@ class Journal:
     # -------------------------------------------------------- starting and ending steps
 
     async def start(self, task: OpsTask, epoch: int, kick_ms: int, now_ms: int) -> Started:
-        """Create the workflow; the outcome, and the pending control applied at creation."""
+        """Create the workflow in the current trace; the outcome, and the pending control
+        applied at creation."""
         task_id = str(task.task_id)
         reply = await self._start(
             keys=[self.keys.workflow(task_id), self.keys.workflow_controls(task_id),
                   self.keys.workflow_deadlines(), self.keys.workflow_unannounced()],
-            args=[epoch, task.model_dump_json(), kick_ms, task_id, FINAL_TTL_S, now_ms],
+            args=[epoch, task.model_dump_json(), kick_ms, task_id, FINAL_TTL_S, now_ms,
+                  current_trace()],
         )
         values = [_decode(v) for v in reply]
         outcome = cast(StartOutcome, values[0])

@@ -23,7 +23,9 @@ end
 
 # Creates the workflow (applying a control that arrived before it), or takes it over under a
 # newer epoch. A task terminated before it arrived owes its announcement (KEYS[4], ARGV[6]
-# now in ms). Returns {'new'|'paused'|'terminated'|'takeover'|'stale', actor, reason, id}.
+# now in ms). ARGV[7]: the trace context the workflow runs in (packed, common/tracing.py),
+# for the sweeps that move it on without a message; a takeover keeps the first one.
+# Returns {'new'|'paused'|'terminated'|'takeover'|'stale', actor, reason, id}.
 START = _FIELD + """
 local epoch = redis.call('HGET', KEYS[1], 'epoch')
 if epoch and tonumber(epoch) >= tonumber(ARGV[1]) then return {'stale'} end
@@ -42,7 +44,8 @@ if pending == 'pause' then state = 'paused' elseif pending == 'terminate' then
 redis.call('HSET', KEYS[1], 'epoch', ARGV[1], 'task', ARGV[2], 'state', state, 'step', 0,
   'attempt', 0, 'run', 0, 'step_state', 'scheduled', 'command_id', '', 'deadline_ms', 0,
   'outputs', '{}', 'version', 1, 'pause', '', 'queries', 0, 'resent', 0, 'query_id', '',
-  'waiting', 0, 'waiting_outputs', '{}', 'children_cmd', '', 'reason', '', 'cause', '')
+  'waiting', 0, 'waiting_outputs', '{}', 'children_cmd', '', 'reason', '', 'cause', '',
+  'trace', ARGV[7] or '')
 redis.call('DEL', KEYS[2])
 if state == 'running' then redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4]) end
 if state == 'terminated' then

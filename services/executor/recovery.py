@@ -12,14 +12,16 @@ A wait for an agent that spanned a broker outage is no timeout: it starts over
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import timedelta
+from functools import partial
 from uuid import UUID
 
 from common.clock import Clock, epoch_ms
 from common.errors import INFRASTRUCTURE_ERRORS, PermanentError
 from common.reportauth import WRONG_SENDER
+from common.tracing import resumed_span
 from schemas.events.v1 import CommandResult, Step
 from services.executor.broker_health import UNREACHABLE, BrokerHealth
 from services.executor.commands import (
@@ -31,6 +33,7 @@ from services.executor.commands import (
 from services.executor.events import TaskEvents
 from services.executor.journal import Journal, Workflow
 from services.executor.settings import ExecutorSettings
+from services.executor.spans import tracer
 from services.executor.workflow import WorkflowCore
 from services.shared.locks import lock_ttl_s
 
@@ -62,12 +65,12 @@ class Recovery:
             self._recovered = True
         now_ms = epoch_ms(self.clock())
         for task_id in await self.journal.overdue(now_ms):
-            await self._guarded(task_id, self._overdue(task_id, now_ms))
+            await self._guarded(task_id, "overdue", partial(self._overdue, task_id, now_ms))
         for task_id in await self.journal.due_retries(now_ms):
-            await self._guarded(task_id, self._retry_due(task_id))
+            await self._guarded(task_id, "retry", partial(self._retry_due, task_id))
         grace_ms = int(self.settings.outbox_grace_s * 1000)
         for task_id in await self.journal.unannounced(now_ms - grace_ms):
-            await self._guarded(task_id, self._announce(task_id))
+            await self._guarded(task_id, "announce", partial(self._announce, task_id))
 
     async def _announce(self, task_id: str) -> None:
         """A task the journal ended and whose end nobody announced: its executor died in
@@ -94,10 +97,15 @@ class Recovery:
             if held is not None:
                 log.warning("task %s lost lock %s to task %s", task_id, held.lock, held.owner)
 
-    async def _guarded(self, task_id: str, work: Awaitable[None]) -> None:
-        """One workflow's failure must not stop the sweep of the others; Redis down does."""
+    async def _guarded(self, task_id: str, why: str,
+                       work: Callable[[], Awaitable[None]]) -> None:
+        """One workflow's failure must not stop the sweep of the others; Redis down does.
+        The work is a span of the workflow's own trace (the sweep has no message)."""
         try:
-            await work
+            with resumed_span(tracer, f"executor.sweep.{why}",
+                              await self.journal.trace_of(task_id),
+                              attributes={"task.id": task_id}):
+                await work()
         except UNREACHABLE:
             # A query or resend that could not be published: the wait it ends spans an outage.
             await self.broker.note_outage()
@@ -110,7 +118,7 @@ class Recovery:
     async def recover(self) -> None:
         """On startup: ask the agents about every command left without an answer."""
         for task_id in await self.journal.open_workflows():
-            await self._guarded(task_id, self._recover_one(task_id))
+            await self._guarded(task_id, "recover", partial(self._recover_one, task_id))
 
     async def _recover_one(self, task_id: str) -> None:
         wf = await self.journal.load(task_id)

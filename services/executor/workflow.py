@@ -18,10 +18,13 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
+from opentelemetry import trace
+
 from common.clock import Clock, epoch_ms
 from common.crashpoints import crash_point
 from common.errors import INFRASTRUCTURE_ERRORS, PermanentError
 from common.reportauth import WRONG_SENDER
+from common.tracing import task_attributes
 from schemas.envelope import short_text
 from schemas.events.v1 import (
     CommandResult,
@@ -61,6 +64,8 @@ from services.executor.ports import (
     Waiting,
 )
 from services.executor.settings import ExecutorSettings
+from services.executor.spans import step_span, tracer
+from services.executor.step_timer import StepTimer
 from services.shared.locks import Locks, lock_ttl_s
 
 log = logging.getLogger("clusterwarden.executor")
@@ -82,10 +87,18 @@ class WorkflowCore:
         self.commands = commands
         self.clock = clock
         self._running: set[asyncio.Task[None]] = set()
+        self.step_timer = StepTimer()
 
     # -------------------------------------------------------- starting a workflow
 
     async def on_scheduled(self, scheduled: TaskScheduled) -> None:
+        # The workflow keeps this span's context: its steps are its children wherever
+        # they start (a result's handler, a sweep, an operator's control).
+        with tracer.start_as_current_span("executor.task", attributes={
+                **task_attributes(scheduled.task), "task.epoch": scheduled.epoch}):
+            await self._scheduled(scheduled)
+
+    async def _scheduled(self, scheduled: TaskScheduled) -> None:
         task = scheduled.task
         outcome, pending = await self.journal.start(task, scheduled.epoch, self.kick_ms(),
                                                     epoch_ms(self.clock()))
@@ -121,14 +134,18 @@ class WorkflowCore:
             if wf is None or wf.state != "running" or wf.step_state != "scheduled":
                 return False
             step = wf.task.steps[wf.step]
-            if step.guard is not None:
-                guard = await self.centre.check_guard(wf.task, step)
-                if not guard.holds:
-                    if not await self._skip(wf, step, guard.why):
-                        return True
-                    wf = await self.journal.load(task_id)
-                    continue
-            await self._start(wf)
+            # A span per step, skipped ones included: the trace shows the whole plan.
+            with step_span("executor.step", wf) as span:
+                if step.guard is not None:
+                    guard = await self.centre.check_guard(wf.task, step)
+                    if not guard.holds:
+                        span.set_attribute("step.state", "skipped")
+                        if not await self._skip(wf, step, guard.why):
+                            return True
+                        wf = await self.journal.load(task_id)
+                        continue
+                span.set_attribute("step.state", "started")
+                await self._start(wf)
             return True
         return True
 
@@ -158,6 +175,8 @@ class WorkflowCore:
         deadline_ms = epoch_ms(now + timedelta(seconds=step.timeout_s))
         if not await self.journal.step_started(wf, str(command_id), deadline_ms):
             return  # the workflow moved on (another delivery or a sweep got here first)
+        self.step_timer.started(str(command_id))
+        trace.get_current_span().set_attribute("command.id", str(command_id))
         wf = replace(wf, step_state="started", command_id=str(command_id),
                      deadline_ms=deadline_ms, queries=0, resent=0, query_id="", waiting=0)
         await self.events.emit(task, "running", "running", step=index, step_state="started",
@@ -295,7 +314,10 @@ class WorkflowCore:
             return  # a late answer to an attempt already given up on
         if (refused := answered_by_addressee(wf, result)) is not None:
             raise PermanentError(WRONG_SENDER, refused)
-        await self.settle(wf, result.outcome, result.reason, dict(result.outputs))
+        with step_span("executor.step.result", wf) as span:
+            span.set_attributes({"step.outcome": result.outcome,
+                                 "step.reason": short_text(result.reason)})
+            await self.settle(wf, result.outcome, result.reason, dict(result.outputs))
 
     async def settle(self, wf: Workflow, outcome: str, reason: str,
                      outputs: dict[str, Any]) -> None:
@@ -315,6 +337,7 @@ class WorkflowCore:
                                               reason="every step completed or skipped")
         if ended.boundary == "stale":
             return
+        self.step_timer.ended(task, index, wf.command_id, "completed")
         await self.events.emit(task, "running", "running", step=index, step_state="completed",
                                command_id=UUID(wf.command_id), outputs=outputs, run=wf.run,
                                reason=f"{task.steps[index].name} completed")
@@ -339,6 +362,7 @@ class WorkflowCore:
                                               cause=cause)
         if ended.boundary == "stale":
             return
+        self.step_timer.ended(wf.task, wf.step, wf.command_id, "failed")
         then = (f"retry in {delay_s:g} s" if retry
                 else "permanent" if permanent else "no attempt left")
         await self.events.emit(wf.task, "running", "running", step=wf.step, step_state="failed",
@@ -367,6 +391,12 @@ class WorkflowCore:
         The journal kept `final` with the final state, so if this process dies part way the
         recovery sweep does it all again (`Recovery._announce`); each part is idempotent (the event
         keeps its id, a lock is released by its owner, a child counts once at its parent)."""
+        with tracer.start_as_current_span("executor.task.end", attributes={
+                **task_attributes(task), "task.state": final.state,
+                "task.reason": short_text(final.reason)}):
+            await self._finalise(task, final)
+
+    async def _finalise(self, task: OpsTask, final: FinalNotice) -> None:
         await self.locks.release_task(task)
         crash_point("executor.before_final_event")
         # need_kind and kind ride along so the scheduler's breaker can count the outcome;

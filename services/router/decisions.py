@@ -133,6 +133,23 @@ def selection_event(decision: Decision, task: MlTaskSubmitted, attempt: int,
     )
 
 
+def decision_attributes(decision: Decision, task_id: UUID, attempt: int,
+                        candidates: int) -> dict[str, str | int | bool]:
+    """What a routing decision's span says: the attempt, the verdict and, for a choice, the
+    model, the node and the command it was sent."""
+    attributes: dict[str, str | int | bool] = {
+        "ml.attempt": attempt, "ml.decision.status": decision.status,
+        "ml.decision.reason": _short(decision.reason), "ml.decision.probe": decision.probe,
+        "ml.candidates": candidates}
+    chosen = decision.chosen
+    if chosen is not None:
+        name, version = split_model(chosen.model)
+        attributes.update({"ml.model": name, "ml.model.version": version,
+                           "node.id": chosen.node,
+                           "command.id": str(command_id_for(task_id, attempt))})
+    return attributes
+
+
 def replay_event(event: ModelSelected) -> Decision:
     """The decision again, from the event alone."""
     return replay({"inputs": event.inputs.model_dump(mode="json")})

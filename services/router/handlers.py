@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 from uuid import UUID, uuid4
 
+from opentelemetry import trace
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
@@ -33,6 +34,7 @@ from common.errors import PermanentError
 from common.messaging import EventBus
 from common.reportauth import WRONG_SENDER
 from common.signing import CommandSigner
+from common.tracing import current_trace, resumed_span
 from schemas.catalog import TOPIC_MODELS
 from schemas.envelope import Envelope, short_text
 from schemas.events.v1 import CommandResult, InferenceCause, MlTaskSubmitted, NodeReport
@@ -42,14 +44,17 @@ from services.router.decisions import (
     SOURCE,
     cause_of,
     command_id_for,
+    decision_attributes,
     epoch,
     inference_payload,
     outcome_event,
     policy_task,
     selection_event,
 )
+from services.router.metrics import record_published
 from services.router.policy.selector import (
     Attempt,
+    Decision,
     RetryBudget,
     commit,
     retry_plan,
@@ -80,6 +85,7 @@ from services.shared.demand import ML_TASKS, report_demand
 from services.shared.redis_client import Keys, text
 
 log = logging.getLogger("clusterwarden.router")
+_tracer = trace.get_tracer("clusterwarden.router")
 
 # progress: look again; idle: wait for something; flush: publish the outbox, then wait.
 Step = Literal["progress", "idle", "flush"]
@@ -142,7 +148,8 @@ class Router:
 
     async def on_submitted(self, task: MlTaskSubmitted) -> None:
         """A new task (or a redelivered one: its record exists, and it is only advanced)."""
-        fresh = TaskRecord(task=task)
+        # In the submission's trace, which the record keeps for the sweep and the answers.
+        fresh = TaskRecord(task=task, trace_context=current_trace())
         # The record, the task's entry among the active ones and, a safety net (if this
         # handler dies from here on, the sweep takes the task over), its due time: at once.
         created = await self._create(
@@ -282,6 +289,15 @@ class Router:
         if rec is None:
             await self.redis.zrem(self.keys.ml_due(), str(task_id))
             return "idle"
+        # Whoever moves the task on (its submission, an answer, the sweep), it is a step of
+        # the submission's trace.
+        with resumed_span(_tracer, "router.step", rec.trace_context,
+                          attributes=rec.span_attributes()) as span:
+            step = await self._step_on(task_id, rec)
+            span.set_attribute("ml.step", step)
+            return step
+
+    async def _step_on(self, task_id: UUID, rec: TaskRecord) -> Step:
         if rec.outbox:
             await self._flush(task_id, rec)
             return "progress"
@@ -315,11 +331,15 @@ class Router:
         return "idle"
 
     async def _flush(self, task_id: UUID, rec: TaskRecord) -> None:
-        """Publish the outbox, then take what was published out of it."""
+        """Publish the outbox (in the submission's trace), then take what was published
+        out of it."""
         sent = list(rec.outbox)
-        for out in sent:
-            event = TOPIC_MODELS[out.topic].model_validate_json(out.body)
-            await self.bus.publish(out.topic, event)
+        with resumed_span(_tracer, "router.publish", rec.trace_context,
+                          attributes=rec.span_attributes()):
+            for out in sent:
+                event = TOPIC_MODELS[out.topic].model_validate_json(out.body)
+                await self.bus.publish(out.topic, event)
+                record_published(event)
 
         async def body(pipe: Pipeline) -> None:
             latest = await self._load(pipe, task_id)
@@ -486,6 +506,8 @@ class Router:
         # watching them: a decision only changes arms, and a level a little stale changes an
         # estimate a little (it is recorded with the decision).
         watch = [self.keys.ml_task(str(task_id)), *self.stats.redis_keys(cluster, arm_keys)]
+        # The decision that committed, with its attempt (a retried transaction decides again).
+        made: list[tuple[Decision, int]] = []
 
         async def body(pipe: Pipeline) -> Step:
             rec = await self._load(pipe, task_id)
@@ -496,6 +518,7 @@ class Router:
             decision = select(policy_task(rec), found, snapshot, now, self.rng, self.config)
             n = rec.next_attempt
             chosen = decision.chosen
+            made[:] = [(decision, n)]
             if chosen is None:
                 rec.state = "waiting"
                 step: Step = "idle"
@@ -538,7 +561,12 @@ class Router:
                      chosen.node, decision.status, decision.reason)
             return "progress"
 
-        return await optimistic(self.redis, watch, body)
+        # The routing decision is a span of the submission's trace (the step's child).
+        with _tracer.start_as_current_span("router.decision") as span:
+            step = await optimistic(self.redis, watch, body)
+            for decision, n in made:
+                span.set_attributes(decision_attributes(decision, task_id, n, len(found)))
+            return step
 
     @staticmethod
     def _emit(rec: TaskRecord, topic: Topic, event: Envelope) -> None:

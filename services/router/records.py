@@ -80,6 +80,9 @@ class TaskRecord(BaseModel):
     wait_status: SelectionStatus | None = Field(
         default=None, description="The last waiting decision published for next_attempt.")
     outbox: list[Outbound] = Field(default_factory=list)
+    trace_context: str = Field(
+        default="", description="The submission's trace context (packed, common/tracing.py): "
+        "every step of the task, from any handler or the sweep, is a span of that trace.")
 
     @property
     def current(self) -> AttemptRecord | None:
@@ -91,6 +94,12 @@ class TaskRecord(BaseModel):
 
     def attempt_of(self, command_id: UUID) -> AttemptRecord | None:
         return next((a for a in self.attempts if a.command_id == command_id), None)
+
+    def span_attributes(self) -> dict[str, str | int]:
+        """What the task's spans say about it."""
+        return {"ml.task.id": str(self.task.task_id), "ml.task.type": self.task.task_type,
+                "cluster.id": self.task.cluster_id, "ml.state": self.state,
+                "ml.attempts": len(self.attempts)}
 
 
 def record_ttl_s(record: TaskRecord, now: float, finished_ttl_s: int, longest_s: int) -> int:

@@ -17,10 +17,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 from uuid import uuid4, uuid5
 
+from opentelemetry import trace
+
 from common.clock import Clock
 from common.crashpoints import crash_point
 from common.errors import PermanentError
 from common.messaging import EventBus
+from common.tracing import resumed_context, task_attributes
 from schemas import ids
 from schemas.envelope import IDENTIFIER_MAX, short_text
 from schemas.events.v1 import (
@@ -54,6 +57,7 @@ from services.shared.locks import lock_ttl_s
 from services.shared.maintenance import MaintenanceStore, MaintenanceUnreadable
 
 log = logging.getLogger("clusterwarden.scheduler")
+_tracer = trace.get_tracer("clusterwarden.scheduler")
 FINAL_OUTCOMES: frozenset[TaskState] = frozenset({"succeeded", "failed"})
 # A terminated task fed no outcome to its breaker, but its node is back in the budget.
 FINAL_STATES: frozenset[TaskState] = FINAL_OUTCOMES | {"terminated"}
@@ -194,17 +198,29 @@ class Scheduler:
             claimed = await self.queue.claim(now_ms, lease_ms, self.settings.scan_limit)
             if claimed is None:
                 return
-            task = claimed.task
-            crash_point("scheduler.after_claim")
-            if not await self._admits(task, now_ms, tick):
-                await self.breakers.release_claim(task)
-                if str(task.task_id) in tick.ended:
-                    await self.queue.ack(str(task.task_id))
-                else:
-                    tick.held.append(str(task.task_id))
-                continue
+            # In the trace the task was queued in (the loop has no message to continue): what
+            # its limits publish about it and its dispatch belong to the need it came from.
+            with resumed_context(claimed.trace_context):
+                await self._dispatch_one(claimed.task, now_ms, tick)
+
+    async def _dispatch_one(self, task: OpsTask, now_ms: int, tick: Tick) -> None:
+        """Dispatch one claimed task, or hold it back (in `tick.held`) if a limit refuses.
+
+        Only a dispatch is a span: a task held back is claimed again every tick, and a span
+        each time would bury its trace."""
+        crash_point("scheduler.after_claim")
+        if not await self._admits(task, now_ms, tick):
+            await self.breakers.release_claim(task)
+            if str(task.task_id) in tick.ended:
+                await self.queue.ack(str(task.task_id))
+            else:
+                tick.held.append(str(task.task_id))
+            return
+        with _tracer.start_as_current_span("scheduler.dispatch",
+                                           attributes=task_attributes(task)) as span:
             epoch = await self.queue.dispatch_epoch(
                 task, lock_ttl_s(task, self.settings.lock_margin_s), self.clock())
+            span.set_attribute("task.epoch", epoch)
             crash_point("scheduler.before_dispatch")
             # The transition first: once the executor has the task it publishes `running`,
             # and the task's events must arrive in the order they happened.

@@ -2,6 +2,10 @@
 
 Claiming takes the task's per-target locks in the same atomic step, so a task is only ever
 dispatched while it holds every lock it names (one disruptive action per node).
+
+Beside each task its items hash keeps the trace context it was queued in (field
+`<task id>:trace`, common/tracing.py): the dispatcher loop that claims it has no message to
+take a context from, and its dispatch belongs to the trace of the need the task came from.
 """
 
 from __future__ import annotations
@@ -11,8 +15,9 @@ from datetime import datetime
 
 from redis.asyncio import Redis
 
+from common.tracing import current_trace
 from schemas.events.v1 import OpsTask
-from services.shared.redis_client import Keys
+from services.shared.redis_client import Keys, text
 from services.shared.vouchers import Dispatches
 
 # A task is known for KNOWN_FOR_MS after it was first queued, by Redis's own clock (the
@@ -31,6 +36,7 @@ redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
 redis.call('HSET', KEYS[5], ARGV[1], ARGV[4])
 redis.call('HSET', KEYS[6], ARGV[1], ARGV[5])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+if ARGV[7] ~= '' then redis.call('HSET', KEYS[3], ARGV[1] .. ':trace', ARGV[7]) end
 return 1
 """
 
@@ -52,7 +58,7 @@ for _, id in ipairs(ids) do
     end
     redis.call('ZREM', KEYS[1], id)
     redis.call('ZADD', KEYS[2], tonumber(ARGV[1]) + tonumber(ARGV[2]), id)
-    return {id, redis.call('HGET', KEYS[3], id)}
+    return {id, redis.call('HGET', KEYS[3], id), redis.call('HGET', KEYS[3], id .. ':trace') or ''}
   end
 end
 return false
@@ -67,11 +73,17 @@ end
 return #ids
 """
 
+def trace_field(task_id: str) -> str:
+    """The items hash's field that keeps a queued task's trace context."""
+    return f"{task_id}:trace"
+
+
 @dataclass(frozen=True)
 class Claimed:
     """A task taken from the queue under a lease, its locks held."""
 
     task: OpsTask
+    trace_context: str = ""  # packed: the context it was queued in ('' if none was kept)
 
 
 class TaskQueue:
@@ -97,7 +109,7 @@ class TaskQueue:
             keys=[self.keys.queue_known(), self.keys.queue_ready(), self.keys.queue_items(),
                   self.keys.queue_scores(), self._mutex_hash(), self._ttl_hash()],
             args=[str(task.task_id), score, task.model_dump_json(), " ".join(task.mutex_keys),
-                  int(lock_ttl_s * 1000), KNOWN_FOR_MS],
+                  int(lock_ttl_s * 1000), KNOWN_FOR_MS, current_trace()],
         )
         return bool(new)
 
@@ -110,13 +122,14 @@ class TaskQueue:
         )
         if not row:
             return None
-        return Claimed(OpsTask.model_validate_json(row[1]))
+        return Claimed(OpsTask.model_validate_json(row[1]),
+                       text(row[2]) if len(row) > 2 else "")
 
     async def ack(self, task_id: str) -> None:
         """The task was dispatched: forget it (its locks stay until the executor releases them)."""
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.zrem(self.keys.queue_inflight(), task_id)
-            pipe.hdel(self.keys.queue_items(), task_id)
+            pipe.hdel(self.keys.queue_items(), task_id, trace_field(task_id))
             pipe.hdel(self.keys.queue_scores(), task_id)
             pipe.hdel(self._mutex_hash(), task_id)
             pipe.hdel(self._ttl_hash(), task_id)

@@ -93,3 +93,16 @@ class RateLimiter:
             return RateDecision(allowed=True, tokens=tokens)
         return RateDecision(allowed=False, tokens=tokens,
                             retry_after_s=(1.0 - tokens) / self.rate_per_s)
+
+    async def tokens(self, cluster: str, kind: str) -> float:
+        """The tokens the bucket of (cluster, kind) holds now, as `take` would find it,
+        taking none (for the rate-limit gauge); raises RateLimitUnreadable."""
+        try:
+            tokens, at = await self.redis.hmget(self.keys.rate_bucket(cluster, kind),
+                                                ["tokens", "at"])
+        except INFRASTRUCTURE_ERRORS as err:
+            raise RateLimitUnreadable(repr(err)) from err
+        if tokens is None or at is None:
+            return float(self.burst)  # a missing bucket is a full one
+        refilled = max(0.0, self.clock() - float(text(at))) * self.rate_per_s
+        return min(float(self.burst), float(text(tokens)) + refilled)

@@ -14,6 +14,10 @@ An event may so go out twice: the process died after the broker's acknowledgemen
 consumers are idempotent on it (the templater derives its task id from the need's id, the task
 store and the analyzer ignore a transition they have seen), so twice is harmless where lost is
 not. docs/reliability.md lists the crash tests (S2, S23, S24).
+
+A record keeps the trace context it was written in (common/tracing.py), and the relay
+publishes each event in a span of that trace: an event a dead process left behind still
+belongs to the report (or sweep) that caused it, not to the relay's tick.
 """
 
 from __future__ import annotations
@@ -22,13 +26,15 @@ import logging
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
+from opentelemetry import trace
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
 from common.clock import epoch_ms
 from common.settings import ServiceSettings
+from common.tracing import current_trace, resumed_span
 from schemas.catalog import TOPIC_MODELS
 from schemas.envelope import Envelope
 from schemas.topics import Topic
@@ -66,7 +72,10 @@ end
 return out
 """
 
-SEPARATOR = "\n"  # between the topic and the event's JSON; a topic name has none
+# Between the topic, the event's JSON and its packed trace context: none of them holds a
+# newline (the JSON is compact, a W3C context has none).
+SEPARATOR = "\n"
+_tracer = trace.get_tracer("clusterwarden.outbox")
 
 
 class BatchPublisher(Protocol):
@@ -75,9 +84,20 @@ class BatchPublisher(Protocol):
     async def publish_many(self, topic: Topic, events: Sequence[Envelope]) -> int: ...
 
 
-def record(topic: Topic, event: Envelope) -> str:
-    """An event as its outbox keeps it: the topic, then the exact JSON to publish."""
-    return f"{topic.value}{SEPARATOR}{event.model_dump_json()}"
+def record(topic: Topic, event: Envelope, trace_context: str | None = None) -> str:
+    """An event as its outbox keeps it: the topic, the exact JSON to publish, then the trace
+    context it belongs to (`trace_context`, packed; by default the current span's)."""
+    packed = current_trace() if trace_context is None else trace_context
+    tail = f"{SEPARATOR}{packed}" if packed else ""
+    return f"{topic.value}{SEPARATOR}{event.model_dump_json()}{tail}"
+
+
+class Recorded(NamedTuple):
+    """An outbox record read back."""
+
+    topic: Topic
+    event: Envelope
+    trace_context: str  # packed; '' for a record written without one
 
 
 def outbox_period_s(settings: ServiceSettings) -> float:
@@ -121,7 +141,7 @@ class Outbox:
         flat = await self._claim(keys=self.script_keys,
                                  args=[now_ms - int(grace_s * 1000),
                                        now_ms + int(grace_s * 1000), limit])
-        by_topic: dict[Topic, list[Envelope]] = defaultdict(list)
+        by_topic: dict[Topic, list[Recorded]] = defaultdict(list)
         unreadable: list[str] = []
         for raw_id, raw in zip(flat[::2], flat[1::2], strict=True):
             event_id = text(raw_id)
@@ -131,25 +151,30 @@ class Outbox:
                           text(raw))
                 unreadable.append(event_id)
                 continue
-            topic, envelope = event
-            by_topic[topic].append(envelope)
+            by_topic[event.topic].append(event)
         sent: list[str] = []
         for topic, events in by_topic.items():
-            await bus.publish_many(topic, events)
-            sent += [str(e.event_id) for e in events]
+            # One at a time, each in its own trace: relaying is the rare path (a writer died).
+            for recorded in events:
+                with resumed_span(_tracer, "outbox.relay", recorded.trace_context,
+                                  attributes={"messaging.destination.name": topic.value}):
+                    await bus.publish_many(topic, [recorded.event])
+                sent.append(str(recorded.event.event_id))
             log.warning("relayed %d %s event(s) a process left unpublished", len(events),
                         topic.value)
         await self.delivered([*sent, *unreadable])
         return len(sent)
 
 
-def parse_record(raw: str) -> tuple[Topic, Envelope] | None:
-    """The topic and event of an outbox record, or None if it cannot be read back (only a
-    record written by an incompatible version could be)."""
-    name, _, body = raw.partition(SEPARATOR)
+def parse_record(raw: str) -> Recorded | None:
+    """The topic, event and trace context of an outbox record, or None if it cannot be read
+    back (only a record written by an incompatible version could be). A record written
+    before records kept their trace context has none."""
+    name, _, rest = raw.partition(SEPARATOR)
+    body, _, packed = rest.partition(SEPARATOR)
     try:
         topic = Topic(name)
-        return topic, TOPIC_MODELS[topic].model_validate_json(body)
+        return Recorded(topic, TOPIC_MODELS[topic].model_validate_json(body), packed)
     except (ValueError, KeyError, ValidationError):
         return None
 

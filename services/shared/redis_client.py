@@ -180,7 +180,8 @@ class Keys:
         return f"{self.prefix}queue:inflight"
 
     def queue_items(self) -> str:
-        """HASH task id -> the task's JSON, kept until the task is acked."""
+        """HASH task id -> the task's JSON, and `<task id>:trace` -> the trace context it was
+        queued in (services/scheduler/queue.py), both kept until the task is acked."""
         return f"{self.prefix}queue:items"
 
     def queue_scores(self) -> str:

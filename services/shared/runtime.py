@@ -16,20 +16,18 @@ from common.health.policy import Phase
 from common.health.service import ServiceHealth
 from common.kafka_access import client_options
 from common.messaging import ensure_topics
+from common.observability import log_with_trace_ids, sample_period_s
 from common.settings import ServiceSettings
 from common.telemetry import shutdown_telemetry
+from services.shared.consumer_lag import ConsumerLag
 
 log = logging.getLogger("clusterwarden.runtime")
 
 
 def configure_logging() -> None:
-    """Readable INFO logs from ClusterWarden's own loggers (FastStream configures its own)."""
-    root = logging.getLogger()
-    if not root.handlers:
-        logging.basicConfig(
-            level=os.getenv("WARDEN_LOG_LEVEL", "INFO"),
-            format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        )
+    """Readable INFO logs from ClusterWarden's own loggers (FastStream configures its own),
+    each line with the trace and span it was written in."""
+    log_with_trace_ids(os.getenv("WARDEN_LOG_LEVEL", "INFO"))
 
 Tick = Callable[[], Awaitable[None]]
 
@@ -77,8 +75,11 @@ def build_app(
         for starter in starters:
             await starter()
 
+    # Every service's consumer lag, for the pipeline dashboard (docs/observability.md).
+    lag = ("consumer-lag", sample_period_s(), ConsumerLag(broker).sample)
+
     async def start_loops() -> None:
-        for name, interval, tick in loops:
+        for name, interval, tick in (*loops, lag):
             tasks.append(asyncio.create_task(run_every(interval, tick, name), name=name))
         health.phase = Phase.RUNNING
 

@@ -12,6 +12,7 @@ from faststream import FastStream
 
 from common.health import checks
 from common.messaging import make_broker, subscribe
+from common.observability import sample_period_s
 from common.telemetry import setup_telemetry
 from schemas.topics import Topic
 from services.shared.runtime import build_app
@@ -20,6 +21,7 @@ from services.store.ml import MlRecorder
 from services.store.plans import PlanRecorder
 from services.store.recorder import Recorder
 from services.store.settings import StoreSettings
+from services.store.task_metrics import TaskMetrics
 
 
 def create_app(settings: StoreSettings | None = None) -> FastStream:
@@ -27,7 +29,8 @@ def create_app(settings: StoreSettings | None = None) -> FastStream:
     telemetry = setup_telemetry("store")
     broker, _ = make_broker(settings, "store", telemetry)
     store = open_store(settings.database_url)
-    recorder = Recorder(store)
+    task_metrics = TaskMetrics()
+    recorder = Recorder(store, task_metrics)
     subscribe(broker, settings, Topic.OPS_TASK_EVENTS, "store", recorder.on_task_event)
     ml = MlRecorder(store)
     # One group per topic: a backlog of decisions never holds back the outcomes.
@@ -40,5 +43,9 @@ def create_app(settings: StoreSettings | None = None) -> FastStream:
     async def migrate_schema() -> None:
         await migrate(settings.database_url)
 
+    async def sample_open_tasks() -> None:
+        await task_metrics.sample_open(store)
+
     return build_app(broker, settings, starters=[migrate_schema], closers=[store.close],
+                     loops=[("open-tasks", sample_period_s(), sample_open_tasks)],
                      dependencies=[checks.database(store.engine)])

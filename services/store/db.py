@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import (
 )
 
 from common.errors import InfrastructureUnavailable
+from common.observability import instrument_engine
 
 log = logging.getLogger("clusterwarden.store")
 T = TypeVar("T")
@@ -101,8 +102,11 @@ class Store:
 
 
 def open_store(url: str) -> Store:
-    """A store on `url` (no connection is made until first use; run `migrate` first)."""
-    return Store(create_engine_for(url))
+    """A store on `url` (no connection is made until first use; run `migrate` first), its
+    queries traced and its connections measured in a service (common/observability.py)."""
+    store = Store(create_engine_for(url))
+    instrument_engine(store.engine)
+    return store
 
 
 def alembic_config(url: str | None = None) -> Config:

@@ -20,6 +20,7 @@ from schemas.events.v1 import OpsTask, TaskEvent
 from services.store.db import Store, fail_closed
 from services.store.models import StepRecord, Task, Transition
 from services.store.projection import Fact, planned_steps, restarted, step_views, task_view
+from services.store.task_metrics import TaskMetrics
 
 log = logging.getLogger("clusterwarden.store.recorder")
 
@@ -127,13 +128,19 @@ def _fill_plan(session: AsyncSession, task: Task, plan: OpsTask,
 class Recorder:
     """The store service's handler of `ops.task-events.v1`."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, metrics: TaskMetrics | None = None) -> None:
         self.store = store
+        self.metrics = metrics or TaskMetrics()
 
     async def record(self, event: TaskEvent) -> bool:
         """Apply one event in its own transaction; False if it was a replay."""
         async with self.store.session() as session:
-            return await record_event(session, event)
+            recorded = await record_event(session, event)
+            # The task's row is in the session already (record_event locked it): no query.
+            task = await session.get(Task, event.task_id) if recorded else None
+        if task is not None:  # counted once committed
+            self.metrics.recorded(event, task.template)
+        return recorded
 
     async def on_task_event(self, event: TaskEvent) -> None:
         if await fail_closed(self.record(event)):

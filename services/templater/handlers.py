@@ -5,8 +5,11 @@ from __future__ import annotations
 import logging
 from uuid import uuid5
 
+from opentelemetry import trace
+
 from common.errors import PermanentError
 from common.messaging import EventBus
+from common.tracing import need_attributes, task_attributes
 from schemas import ids
 from schemas.events.v1 import NeedKind, OpsNeed, TaskEvent, now_utc
 from schemas.topics import Topic
@@ -14,6 +17,7 @@ from services.templater.templates import PlanError, Template, plan
 
 log = logging.getLogger("clusterwarden.templater")
 SOURCE = "templater"
+_tracer = trace.get_tracer("clusterwarden.templater")
 
 
 class Templater:
@@ -25,6 +29,12 @@ class Templater:
         self.dry_run = dry_run
 
     async def on_need(self, need: OpsNeed) -> None:
+        # A span of the need's trace that names both the need and the task made of it.
+        with _tracer.start_as_current_span("templater.plan",
+                                           attributes=need_attributes(need)) as span:
+            await self._plan(need, span)
+
+    async def _plan(self, need: OpsNeed, span: trace.Span) -> None:
         template = self.templates.get(need.kind)
         if template is None:
             raise PermanentError("unknown_template", f"no template serves need {need.kind!r}")
@@ -34,6 +44,7 @@ class Templater:
         except PlanError as err:
             # The same need would fail the same way on every redelivery: dead-letter it.
             raise PermanentError("plan_failed", str(err)) from err
+        span.set_attributes(task_attributes(task))
         # `created` first: the task store must know a task before any later transition.
         await self.bus.publish(
             Topic.OPS_TASK_EVENTS,

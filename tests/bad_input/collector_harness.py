@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import secrets
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from opentelemetry import trace
@@ -39,9 +39,13 @@ class RecordingBulk(BulkPublisher):
 
     def __init__(self) -> None:  # no producer: nothing leaves the process
         self.published: list[tuple[Topic, Envelope]] = []
+        # Each event's own headers (its trace, its samples' traces), in the same order.
+        self.headers: list[Mapping[str, str]] = []
 
-    async def publish_many(self, topic: Topic, events: Sequence[Envelope]) -> int:
+    async def publish_many(self, topic: Topic, events: Sequence[Envelope],
+                           headers: Sequence[Mapping[str, str]] | None = None) -> int:
         self.published += [(topic, event) for event in events]
+        self.headers += list(headers) if headers else [{} for _ in events]
         return len(events)
 
 
@@ -105,13 +109,13 @@ class CollectorHarness:
         return await registered_nodes(self.redis, self.keys, CLUSTER)
 
     def counted(self) -> Counter[str]:
-        """The `collector.reports` counter by outcome (cumulative since the bench began)."""
+        """The `warden.collector.reports` counter by outcome (cumulative since the bench began)."""
         counts: Counter[str] = Counter()
         data = self.metrics.get_metrics_data()
         for resource in data.resource_metrics if data is not None else ():
             for scope in resource.scope_metrics:
                 for metric in scope.metrics:
-                    if metric.name != "collector.reports":
+                    if metric.name != "warden.collector.reports":
                         continue
                     for point in metric.data.data_points:
                         outcome = str((point.attributes or {})["outcome"])

@@ -108,7 +108,7 @@ def signed_now(bench: CollectorHarness, seq_offset_ms: int = 0,
 async def test_a_bad_report_is_dead_lettered_counted_and_the_next_one_applied_B1(
         bench: CollectorHarness) -> None:
     """B1: the broken report of a batch is dead-lettered with its original bytes and offset,
-    the `collector.reports` metric counts it, and the good report behind it is applied."""
+    the `warden.collector.reports` metric counts it, and the good report behind it is applied."""
     broken = cases(BAD_REPORTS, "B1")[0]
     good = signed_now(bench)
     await bench.feed((broken.key, broken.body), good)

@@ -45,7 +45,8 @@ class _Outbox:
 class _Store:
     outbox = _Outbox()
 
-    async def open_needs(self, needs: list[OpsNeed], ttl_s: int, now: object) -> list[OpsNeed]:
+    async def open_needs(self, needs: list[OpsNeed], ttl_s: int, now: object,
+                         traces: object = None) -> list[OpsNeed]:
         return needs
 
 
