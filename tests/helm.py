@@ -4,6 +4,7 @@ deploy/local/helm.sh builds, each in a helm home of the test's own."""
 
 from __future__ import annotations
 
+import secrets
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,10 @@ from typing import Any
 import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from common.reportauth import MASTER_BYTES
+from common.signing import SIGNER_ROLES, b64url
+from services.api.auth import new_token
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "deploy" / "helm" / "clusterwarden"
@@ -29,12 +34,21 @@ def signing_pair() -> tuple[str, str]:
     return private, public
 
 
+def signing_keys() -> dict[str, dict[str, str]]:
+    """A fresh pair per signer, as the chart's signingKeys take them."""
+    return {role: dict(zip(("privateKey", "publicKey"), signing_pair(), strict=True))
+            for role in SIGNER_ROLES}
+
+
 def install_values(**overrides: Any) -> dict[str, Any]:
-    """The values an installation cannot do without (keys, a token), the built-in templates
+    """The values an installation cannot do without (a key pair per signer, the report
+    master, the audit key, the nodes' bootstrap token, an admin token), the built-in templates
     as the templates ConfigMap, and `overrides` on top."""
-    private, public = signing_pair()
     values: dict[str, Any] = {
-        "signingKeys": {"privateKey": private, "publicKey": public},
+        "signingKeys": signing_keys(),
+        "auditKey": secrets.token_urlsafe(32),
+        "reportAuth": {"masterKey": b64url(secrets.token_bytes(MASTER_BYTES)),
+                       "bootstrapToken": new_token()},
         "apiTokens": "sha256=" + "0" * 64 + ":admin:admin\n",
         "templates": {p.name: p.read_text() for p in sorted(TEMPLATES.glob("*.yaml"))},
     }
@@ -90,3 +104,45 @@ def container(workload: dict[str, Any]) -> dict[str, Any]:
 def env_of(workload: dict[str, Any]) -> dict[str, Any]:
     """A container's `env` by name: the value, or the `valueFrom` source."""
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container(workload)["env"]}
+
+
+def volumes_of(workload: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A pod's volumes by name."""
+    return {v["name"]: v for v in workload["spec"]["template"]["spec"].get("volumes", [])}
+
+
+def files_of(workload: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """Every file the container sees from a Secret or ConfigMap: its path -> (the object's
+    name, its key); a volume that takes the whole object is one entry, key "*", at its
+    mount path."""
+    volumes = volumes_of(workload)
+    found: dict[str, tuple[str, str]] = {}
+    for mount in container(workload).get("volumeMounts", []):
+        volume = volumes[mount["name"]]
+        sources = list(volume.get("projected", {}).get("sources", []))
+        if "secret" in volume:
+            sources.append({"secret": volume["secret"] | {"name": volume["secret"]["secretName"]}})
+        if "configMap" in volume:
+            sources.append({"configMap": volume["configMap"]})
+        for source in sources:
+            ((_, of),) = source.items()
+            items = of.get("items")
+            if items is None:
+                found[mount["mountPath"]] = (of["name"], "*")
+            for item in items or []:
+                found[f"{mount['mountPath']}/{item['path']}"] = (of["name"], item["key"])
+    return found
+
+
+def secret_names(workload: dict[str, Any]) -> set[str]:
+    """Every Secret a pod names (a node's kubelet may read each of them whole)."""
+    spec = container(workload)
+    names = {e["secretRef"]["name"] for e in spec.get("envFrom", []) if "secretRef" in e}
+    names |= {e["valueFrom"]["secretKeyRef"]["name"] for e in spec.get("env", [])
+              if "secretKeyRef" in e.get("valueFrom", {})}
+    for volume in volumes_of(workload).values():
+        if "secret" in volume:
+            names.add(volume["secret"]["secretName"])
+        names |= {s["secret"]["name"] for s in volume.get("projected", {}).get("sources", [])
+                  if "secret" in s}
+    return names

@@ -1,26 +1,61 @@
 """The Helm chart (deploy/helm/clusterwarden), rendered by the real helm: `helm lint` passes;
 every process the launcher runs is a Deployment, run as the launcher runs it, with its probes;
 the agent is a DaemonSet for GPU nodes; the RBAC is deploy/kubernetes/rbac.yaml's; the
-ConfigMaps and Secrets hold what the services read, in the form their settings parse."""
+ConfigMaps and Secrets hold what the services read, in the form their settings parse.
+
+The secrets: each signer mounts its own private key and no other, the agents the three public
+keys (each trusted for its role) and nothing of the keys Secret; every service has the audit
+key; report MACs are required and the agents enrol themselves with a bootstrap token the API
+knows by its digest; with SASL_SSL or SSL each pod is its own Kafka principal; a missing or
+malformed value stops the rendering with its name."""
 
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
-from common.settings import ServiceSettings
+from agent.settings import AgentSettings
+from common.settings import ReportReaderSettings, ServiceSettings
+from common.signing import SIGNER_ROLES, public_pem, registry_from_files
+from schemas.access import Principal
 from services.analyzer.settings import AnalyzerSettings
-from tests.helm import CHART, TEMPLATES, Helm, by_kind, container, env_of, install_values
+from services.api.auth import Principal as Caller
+from services.api.auth import load_tokens, token_lines
+from tests.helm import (
+    CHART,
+    TEMPLATES,
+    Helm,
+    by_kind,
+    container,
+    env_of,
+    files_of,
+    install_values,
+    secret_names,
+    signing_pair,
+    volumes_of,
+)
 from warden import launcher
 
 ROOT = Path(__file__).resolve().parents[2]
 RBAC = ROOT / "deploy" / "kubernetes" / "rbac.yaml"
 RELEASE, NAMESPACE = "cw", "gpu-ops"
 PREFIX = f"{RELEASE}-clusterwarden"
+KEYS, AGENT_SECRET, KAFKA_SECRET = f"{PREFIX}-keys", f"{PREFIX}-agent", f"{PREFIX}-kafka"
+# Whose pods hold the report master: the readers of reports and answers, and the API, which
+# enrols nodes under it.
+MASTER_HOLDERS = {"collector", "router", "executor", "api"}
+CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+# A report master of 37 bytes, base64 without padding.
+MASTER = "c2l4dGVlbi1ieXRlcy1vZi1ub3RoaW5nLWF0LWFsbC0xMjM0NQ"
+# The one pair shared by every signer that chart 0.1.0 took.
+SHARED_PRIVATE, SHARED_PUBLIC = signing_pair()
 
 
 @pytest.fixture
@@ -31,6 +66,38 @@ def helm(helm_binary: str, tmp_path: Path) -> Helm:
 @pytest.fixture
 def rendered(helm: Helm) -> list[dict[str, Any]]:
     return helm.template(install_values(), release=RELEASE, namespace=NAMESPACE)
+
+
+def service_deployments(rendered: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The Deployments by service name."""
+    return {name.removeprefix(f"{PREFIX}-"): d
+            for name, d in by_kind(rendered, "Deployment").items()}
+
+
+def the_agent(rendered: list[dict[str, Any]]) -> dict[str, Any]:
+    (agent,) = by_kind(rendered, "DaemonSet").values()
+    return agent
+
+
+def refusal(helm: Helm, values: dict[str, Any]) -> str:
+    """Why `helm template` refuses `values` (it must)."""
+    answer = helm.run("template", "cw", str(CHART), "--values", helm.values_file(values),
+                      check=False)
+    assert answer.returncode != 0, "rendered"
+    return answer.stderr
+
+
+def caller_of(token: str, secrets: dict[str, dict[str, Any]], tmp_path: Path) -> object:
+    """Whom the API takes `token` for, with the rendered tokens Secret as its tokens file."""
+    tokens_file = tmp_path / "api-tokens"
+    tokens_file.write_text(secrets[f"{PREFIX}-api-tokens"]["stringData"]["api-tokens"])
+    return load_tokens("", str(tokens_file)).authenticate(token, datetime.now(UTC))
+
+
+def kafka_users(**fields: str) -> dict[str, dict[str, str]]:
+    """Credentials for every principal of schemas/access.py, each its own."""
+    return {p.value: {field: f"{value}-{p.value}" for field, value in fields.items()}
+            for p in Principal}
 
 
 def rbac_yaml(kind: str) -> dict[str, Any]:
@@ -53,14 +120,6 @@ def test_the_chart_refuses_a_kubernetes_older_than_1_28(helm: Helm) -> None:
     assert "kubeVersion" in old.stderr
     assert helm.run("template", "cw", str(CHART), "--values", values, "--kube-version",
                     "1.28.0").returncode == 0
-
-
-def test_the_chart_refuses_to_render_without_the_signing_keys(helm: Helm) -> None:
-    values = install_values(signingKeys={"privateKey": "", "publicKey": ""})
-    answer = helm.run("template", "cw", str(CHART), "--values", helm.values_file(values),
-                      check=False)
-    assert answer.returncode != 0
-    assert "signingKeys.privateKey" in answer.stderr
 
 
 def test_every_process_is_a_deployment_run_as_the_launcher_runs_it(
@@ -153,7 +212,7 @@ def test_the_agent_is_a_daemonset_for_gpu_nodes(rendered: list[dict[str, Any]]) 
     assert env["AGENT_POD_RESOURCES_SOCKET"] == f"{mounts['pod-resources']}/kubelet.sock"
     assert env["AGENT_JOBS"] == "kube"
     assert env["AGENT_NODE_ID"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
-    assert env["AGENT_TRUSTED_KEYS"] == "/etc/clusterwarden/keys/command-signing.pub"
+    assert env["AGENT_TRUSTED_KEYS"] == mounts["trust"]
     assert container(agent)["livenessProbe"]["tcpSocket"] == {"port": "peer-probe"}
     # The agent may not take a GPU from the workloads it reports.
     assert "nvidia.com/gpu" not in json.dumps(container(agent)["resources"])
@@ -231,26 +290,326 @@ def test_the_templates_configmap_is_the_templater_and_apis_seed_folder(
 def test_the_secrets_hold_the_keys_tokens_and_connections(rendered: list[dict[str, Any]]) -> None:
     secrets = by_kind(rendered, "Secret")
     keys = secrets[f"{PREFIX}-keys"]["stringData"]
-    assert keys["command-signing.key"].startswith("-----BEGIN PRIVATE KEY-----")
-    assert keys["command-signing.pub"].startswith("-----BEGIN PUBLIC KEY-----")
-    assert secrets[f"{PREFIX}-api-tokens"]["stringData"]["api-tokens"].endswith(":admin:admin\n")
+    assert set(keys) == {"executor.key", "collector.key", "router.key", "report-master.key",
+                         "audit-key"}
+    for role in SIGNER_ROLES:
+        assert keys[f"{role}.key"].startswith("-----BEGIN PRIVATE KEY-----")
+    agent = secrets[f"{PREFIX}-agent"]["stringData"]
+    assert set(agent) == {"executor.pub", "collector.pub", "router.pub", "bootstrap.token"}
+    assert secrets[f"{PREFIX}-api-tokens"]["stringData"]["api-tokens"].startswith(
+        "sha256=" + "0" * 64 + ":admin:admin\n")
     assert set(secrets[f"{PREFIX}-connections"]["stringData"]) == {"REDIS_URL", "DATABASE_URL"}
-    deployments = by_kind(rendered, "Deployment")
-    signers = {name: env_of(deployments[f"{PREFIX}-{name}"])
-               for name in ("collector", "executor", "router")}
-    for name, env in signers.items():
-        assert env[f"{name.upper()}_SIGNING_KEY"] == "/etc/clusterwarden/keys/command-signing.key"
-    for deployment in deployments.values():
+    for deployment in by_kind(rendered, "Deployment").values():
         assert {"secretRef": {"name": f"{PREFIX}-connections"}} in container(deployment)["envFrom"]
 
 
 def test_external_servers_and_secrets_of_ones_own(helm: Helm) -> None:
     rendered = helm.template(install_values(
         kafka={"bootstrapServers": "k1:9092,k2:9092"}, connectionsSecret="mine",
-        keysSecret="my-keys", tokensSecret="my-tokens"))
+        keysSecret="my-keys", tokensSecret="my-tokens", agentSecret="my-agent"))
     assert by_kind(rendered, "Secret") == {}
     env = by_kind(rendered, "ConfigMap")["cw-clusterwarden-env"]["data"]
     assert env["KAFKA_BOOTSTRAP_SERVERS"] == "k1:9092,k2:9092"
     assert env["CAPACITY_PROVIDER"] == "none"
-    api = by_kind(rendered, "Deployment")["cw-clusterwarden-api"]
+    deployments = by_kind(rendered, "Deployment")
+    api = deployments["cw-clusterwarden-api"]
     assert {"secretRef": {"name": "mine"}} in container(api)["envFrom"]
+    assert volumes_of(api)["tokens"]["secret"]["secretName"] == "my-tokens"
+    for deployment in deployments.values():
+        assert secret_names(deployment) <= {"mine", "my-keys", "my-tokens"}
+        assert env_of(deployment)["WARDEN_AUDIT_KEY"]["secretKeyRef"]["name"] == "my-keys"
+    (agent,) = by_kind(rendered, "DaemonSet").values()
+    assert secret_names(agent) == {"my-agent"}
+    # The agents' own Secret holds their bootstrap token: they enrol.
+    assert "AGENT_BOOTSTRAP_TOKEN_FILE" in env_of(agent)
+
+
+# ------------------------------------------------------------ a signing key per signer
+
+
+def test_each_signer_mounts_its_own_private_key_and_no_other(
+        rendered: list[dict[str, Any]]) -> None:
+    secrets = by_kind(rendered, "Secret")
+    keys, trusted = secrets[KEYS]["stringData"], secrets[AGENT_SECRET]["stringData"]
+    for name, deployment in service_deployments(rendered).items():
+        files = files_of(deployment)
+        held = {key for secret, key in files.values() if secret == KEYS}
+        own = {f"{name}.key"} if name in SIGNER_ROLES else set()
+        master = {"report-master.key"} if name in MASTER_HOLDERS else set()
+        assert held == own | master, name
+        env = env_of(deployment)
+        assert {r for r in SIGNER_ROLES if f"{r.upper()}_SIGNING_KEY" in env} == (
+            {name} & set(SIGNER_ROLES)), name
+        if own:
+            # The file its setting names is its own key, the pair of the one the agents
+            # trust for its role.
+            assert files[env[f"{name.upper()}_SIGNING_KEY"]] == (KEYS, f"{name}.key")
+            private = load_pem_private_key(keys[f"{name}.key"].encode(), password=None)
+            assert isinstance(private, Ed25519PrivateKey)
+            assert public_pem(private.public_key()).decode() == trusted[f"{name}.pub"]
+
+
+def test_the_agents_trust_the_three_public_keys_each_for_its_role_and_hold_no_private_key(
+        rendered: list[dict[str, Any]], tmp_path: Path) -> None:
+    agent = the_agent(rendered)
+    files = files_of(agent)
+    folder = env_of(agent)["AGENT_TRUSTED_KEYS"]
+    in_folder = {path.removeprefix(folder + "/"): source for path, source in files.items()
+                 if path.startswith(folder + "/")}
+    assert in_folder == {f"{role}.pub": (AGENT_SECRET, f"{role}.pub") for role in SIGNER_ROLES}
+    # The agent names no Secret but its own (its node's kubelet may read each it names,
+    # whole): not the keys Secret, nor the connections Secret, whose URLs carry passwords.
+    assert KEYS not in secret_names(agent)
+    assert secret_names(agent) == {AGENT_SECRET}
+    held = by_kind(rendered, "Secret")[AGENT_SECRET]["stringData"]
+    assert not any("PRIVATE KEY" in text for text in held.values())
+    assert "WARDEN_AUDIT_KEY" not in env_of(agent)
+    # What the agent makes of that folder: each key trusted for its own signer's actions.
+    for name, text in held.items():
+        if name.endswith(".pub"):
+            (tmp_path / name).write_text(text)
+    registry = registry_from_files([tmp_path])
+    assert sorted(key.role for key in registry.keys.values()) == sorted(SIGNER_ROLES)
+    by_role = {key.role: key.kid for key in registry.keys.values()}
+    assert registry.refusal(by_role["collector"], "drain_node") == "action_not_allowed"
+    assert registry.refusal(by_role["executor"], "drain_node") is None
+
+
+# ------------------------------------------------------------ the audit key
+
+
+def test_every_service_gets_the_audit_key_from_the_keys_secret(
+        rendered: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    audit_key = by_kind(rendered, "Secret")[KEYS]["stringData"]["audit-key"]
+    for name, deployment in service_deployments(rendered).items():
+        assert env_of(deployment)["WARDEN_AUDIT_KEY"] == {
+            "secretKeyRef": {"name": KEYS, "key": "audit-key"}}, name
+    monkeypatch.setenv("WARDEN_AUDIT_KEY", audit_key)
+    assert ServiceSettings().audit_key.get_secret_value() == audit_key
+
+
+# ------------------------------------------------------------ report MACs and enrolment
+
+
+def test_report_macs_are_required_by_default_and_the_agents_enrol_themselves(
+        rendered: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["reportAuth"]["requireMac"] is True
+    env = by_kind(rendered, "ConfigMap")[f"{PREFIX}-env"]["data"]
+    monkeypatch.setenv("WARDEN_REQUIRE_REPORT_MAC", env["WARDEN_REQUIRE_REPORT_MAC"])
+    assert ReportReaderSettings().require_report_mac is True
+    # The report master is where each holder's setting names it.
+    for name, deployment in service_deployments(rendered).items():
+        path = env_of(deployment).get("WARDEN_REPORT_MASTER_KEY")
+        assert (path is not None) == (name in MASTER_HOLDERS), name
+        if path is not None:
+            assert files_of(deployment)[path] == (KEYS, "report-master.key")
+    # The agent: the bootstrap token at its setting, the API's Service as the API to enrol at.
+    secrets = by_kind(rendered, "Secret")
+    token = secrets[AGENT_SECRET]["stringData"]["bootstrap.token"]
+    agent = the_agent(rendered)
+    agent_env = env_of(agent)
+    assert files_of(agent)[agent_env["AGENT_BOOTSTRAP_TOKEN_FILE"]] == (
+        AGENT_SECRET, "bootstrap.token")
+    service = by_kind(rendered, "Service")[f"{PREFIX}-api"]
+    port = service["spec"]["ports"][0]["port"]
+    assert agent_env["AGENT_API_URL"] == f"http://{PREFIX}-api.{NAMESPACE}.svc:{port}"
+    # The API knows the token as a node's, by its digest only.
+    entries = secrets[f"{PREFIX}-api-tokens"]["stringData"]["api-tokens"]
+    assert token not in entries
+    assert caller_of(token, secrets, tmp_path) == Caller("node-bootstrap", "node")
+    # The key it is handed lands in its state folder, the host path kept across restarts.
+    for variable in ("AGENT_STATE_DIR", "AGENT_BOOTSTRAP_TOKEN_FILE", "AGENT_API_URL"):
+        monkeypatch.setenv(variable, agent_env[variable])
+    settings = AgentSettings(node_id="gpu-node-1")
+    mounts = {m["name"]: m["mountPath"] for m in container(agent)["volumeMounts"]}
+    assert settings.report_key_path().parent == Path(mounts["state"])
+    assert volumes_of(agent)["state"]["hostPath"]["path"] == "/var/lib/clusterwarden"
+
+
+def test_with_macs_not_required_the_bootstrap_token_may_be_left_out(helm: Helm) -> None:
+    """The step of an upgrade whose nodes get their keys by hand (docs/helm.md, Upgrading):
+    no token, no enrolment, unsigned reports accepted."""
+    rendered = helm.template(install_values(
+        reportAuth={"requireMac": False, "masterKey": MASTER}))
+    env = by_kind(rendered, "ConfigMap")[f"{PREFIX}-env"]["data"]
+    assert env["WARDEN_REQUIRE_REPORT_MAC"] == "false"
+    agent = the_agent(rendered)
+    assert {"AGENT_BOOTSTRAP_TOKEN_FILE", "AGENT_API_URL"}.isdisjoint(env_of(agent))
+    assert "bootstrap" not in volumes_of(agent)
+    secrets = by_kind(rendered, "Secret")
+    assert "bootstrap.token" not in secrets[AGENT_SECRET]["stringData"]
+    assert ":node" not in secrets[f"{PREFIX}-api-tokens"]["stringData"]["api-tokens"]
+
+
+def test_the_agents_enrol_through_an_api_url_of_ones_own(helm: Helm) -> None:
+    rendered = helm.template(install_values(agent={"apiUrl": "https://warden.example:443"}))
+    assert env_of(the_agent(rendered))["AGENT_API_URL"] == "https://warden.example:443"
+
+
+def without(role: str, field: str) -> dict[str, Any]:
+    """Values with one signer's key left out."""
+    values = install_values()
+    values["signingKeys"][role][field] = ""
+    return values
+
+
+@pytest.mark.parametrize(("values", "named"), [
+    *[(without(role, "privateKey"), f"signingKeys.{role}.privateKey") for role in SIGNER_ROLES],
+    *[(without(role, "publicKey"), f"signingKeys.{role}.publicKey") for role in SIGNER_ROLES],
+    (install_values(auditKey=""), "auditKey: the audit chains' key"),
+    (install_values(auditKey="x" * 31), "auditKey: at least 32 characters"),
+    (install_values(reportAuth={"bootstrapToken": "t" * 32}), "reportAuth.masterKey"),
+    (install_values(reportAuth={"masterKey": "c2hvcnQ", "bootstrapToken": "t" * 32}),
+     "reportAuth.masterKey: base64 of at least 32"),
+    (install_values(reportAuth={"masterKey": MASTER}), "reportAuth.bootstrapToken"),
+    (install_values(reportAuth={"masterKey": MASTER, "bootstrapToken": "short"}),
+     "reportAuth.bootstrapToken: at least 16"),
+    (install_values(reportAuth={"masterKey": MASTER, "bootstrapToken": "a:b" * 10}),
+     "reportAuth.bootstrapToken: at least 16"),
+    # The one shared pair of 0.1.0 is refused by name, not silently ignored.
+    (install_values(signingKeys={"privateKey": SHARED_PRIVATE, "publicKey": SHARED_PUBLIC}),
+     "signingKeys.privateKey/publicKey (one pair shared by every signer) are no longer read"),
+    (install_values(kafka={"securityProtocol": "SASL_PLAINTEXT"}), "kafka.securityProtocol"),
+    (install_values(kafka={"securityProtocol": "SASL_SSL", "saslMechanism": "GSSAPI",
+                           "users": kafka_users(password="pw")}), "kafka.saslMechanism"),
+    (install_values(kafka={"securityProtocol": "SASL_SSL",
+                           "users": {"agent": {"password": "pw"}}}),
+     "kafka.users.alerts.password"),
+    (install_values(kafka={"securityProtocol": "SASL_SSL", "credentialsSecret": "mine"}),
+     "kafka.users.agent.password"),
+    (install_values(kafka={"securityProtocol": "SSL", "users": {
+        p.value: {"cert": "C"} for p in Principal}}), ".key: the key of the"),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_a_missing_or_malformed_value_is_refused_by_name(
+        helm: Helm, values: dict[str, Any], named: str) -> None:
+    assert named in refusal(helm, values)
+
+
+def test_a_keys_secret_of_ones_own_needs_no_private_key_in_the_values(helm: Helm) -> None:
+    public_only = {role: {"privateKey": "", "publicKey": pair["publicKey"]}
+                   for role, pair in install_values()["signingKeys"].items()}
+    rendered = helm.template(install_values(signingKeys=public_only, auditKey="",
+                                            keysSecret="my-keys"))
+    assert KEYS not in by_kind(rendered, "Secret")
+    executor = service_deployments(rendered)["executor"]
+    assert {key for name, key in files_of(executor).values() if name == "my-keys"} == {
+        "executor.key", "report-master.key"}
+
+
+# ------------------------------------------------------------ Kafka: a principal per pod
+
+
+def test_with_sasl_ssl_each_service_is_its_own_principal_with_its_own_password(
+        helm: Helm, monkeypatch: pytest.MonkeyPatch) -> None:
+    users = kafka_users(password="pw")
+    rendered = helm.template(install_values(kafka={
+        "securityProtocol": "SASL_SSL", "caCert": CA_PEM, "users": users}),
+        release=RELEASE, namespace=NAMESPACE)
+    shared = by_kind(rendered, "ConfigMap")[f"{PREFIX}-env"]["data"]
+    assert (shared["KAFKA_SECURITY_PROTOCOL"], shared["KAFKA_SASL_MECHANISM"]) == (
+        "SASL_SSL", "SCRAM-SHA-512")
+    assert by_kind(rendered, "ConfigMap")[f"{PREFIX}-kafka-ca"]["data"] == {"ca.pem": CA_PEM}
+    secrets = by_kind(rendered, "Secret")
+    workloads = {**service_deployments(rendered), "agent": the_agent(rendered)}
+    assert set(workloads) == {p.value for p in Principal} - {"admin"}
+    for principal, workload in workloads.items():
+        held = AGENT_SECRET if principal == "agent" else KAFKA_SECRET
+        env = env_of(workload)
+        assert env["KAFKA_SASL_USERNAME"] == principal
+        assert env["KAFKA_SASL_PASSWORD"] == {
+            "secretKeyRef": {"name": held, "key": f"{principal}-password"}}, principal
+        assert secrets[held]["stringData"][f"{principal}-password"] == f"pw-{principal}"
+        assert files_of(workload)[env["KAFKA_SSL_CAFILE"]] == (f"{PREFIX}-kafka-ca", "ca.pem")
+        # What the service makes of it: a SASL_SSL connection as its own principal.
+        for variable, value in shared.items():
+            monkeypatch.setenv(variable, value)
+        for variable in ("KAFKA_SASL_USERNAME", "KAFKA_SSL_CAFILE"):
+            monkeypatch.setenv(variable, env[variable])
+        monkeypatch.setenv("KAFKA_SASL_PASSWORD", users[principal]["password"])
+        settings = ServiceSettings()
+        assert (settings.kafka_security_protocol, settings.kafka_sasl_username) == (
+            "SASL_SSL", principal)
+    # The agents' password is never in the services' Secret, nor theirs in the agents'.
+    assert "agent-password" not in secrets[KAFKA_SECRET]["stringData"]
+    assert [k for k in secrets[AGENT_SECRET]["stringData"] if k.endswith("-password")] == [
+        "agent-password"]
+
+
+def test_with_ssl_each_pod_mounts_its_own_client_certificate(
+        helm: Helm, monkeypatch: pytest.MonkeyPatch) -> None:
+    users = kafka_users(cert="CERT", key="KEY")
+    rendered = helm.template(install_values(kafka={
+        "securityProtocol": "SSL", "caCert": CA_PEM, "users": users}))
+    shared = by_kind(rendered, "ConfigMap")[f"{PREFIX}-env"]["data"]
+    assert shared["KAFKA_SECURITY_PROTOCOL"] == "SSL"
+    assert "KAFKA_SASL_MECHANISM" not in shared
+    secrets = by_kind(rendered, "Secret")
+    workloads = {**service_deployments(rendered), "agent": the_agent(rendered)}
+    for principal, workload in workloads.items():
+        held = AGENT_SECRET if principal == "agent" else KAFKA_SECRET
+        env, files = env_of(workload), files_of(workload)
+        assert "KAFKA_SASL_USERNAME" not in env
+        assert files[env["KAFKA_SSL_CERTFILE"]] == (held, f"{principal}-cert"), principal
+        assert files[env["KAFKA_SSL_KEYFILE"]] == (held, f"{principal}-key"), principal
+        # No other principal's certificate or key.
+        kafka_files = {key for name, key in files.values() if name == held
+                       and key.endswith(("-cert", "-key"))}
+        assert kafka_files == {f"{principal}-cert", f"{principal}-key"}, principal
+        assert secrets[held]["stringData"][f"{principal}-key"].strip() == f"KEY-{principal}"
+    for variable in ("KAFKA_SECURITY_PROTOCOL", "KAFKA_SSL_CERTFILE", "KAFKA_SSL_KEYFILE"):
+        monkeypatch.setenv(variable, {**shared, **env_of(workloads["executor"])}[variable])
+    assert ServiceSettings().kafka_ssl_certfile == "/etc/clusterwarden/kafka/client.crt"
+
+
+def test_plaintext_renders_nothing_of_kafka_authentication(helm: Helm) -> None:
+    # A CA and credentials given but PLAINTEXT (the default) chosen: none of it is used.
+    rendered = helm.template(install_values(kafka={
+        "caCert": CA_PEM, "users": kafka_users(password="pw")}))
+    assert {f"{PREFIX}-kafka-ca", KAFKA_SECRET}.isdisjoint(
+        by_kind(rendered, "ConfigMap") | by_kind(rendered, "Secret"))
+    shared = by_kind(rendered, "ConfigMap")[f"{PREFIX}-env"]["data"]
+    assert [k for k in shared if k.startswith("KAFKA_")] == ["KAFKA_BOOTSTRAP_SERVERS"]
+    assert "agent-password" not in by_kind(rendered, "Secret")[AGENT_SECRET]["stringData"]
+    for workload in [*by_kind(rendered, "Deployment").values(), the_agent(rendered)]:
+        assert not [k for k in env_of(workload) if k.startswith("KAFKA_")]
+        assert "kafka" not in volumes_of(workload)
+
+
+def test_kafka_credentials_of_ones_own(helm: Helm) -> None:
+    rendered = helm.template(install_values(kafka={
+        "securityProtocol": "SASL_SSL", "credentialsSecret": "my-kafka",
+        "users": {"agent": {"password": "pw-agent"}}}))
+    assert KAFKA_SECRET not in by_kind(rendered, "Secret")
+    for name, deployment in service_deployments(rendered).items():
+        assert env_of(deployment)["KAFKA_SASL_PASSWORD"] == {
+            "secretKeyRef": {"name": "my-kafka", "key": f"{name}-password"}}
+    # No CA given: the system's, and no volume for it.
+    assert "KAFKA_SSL_CAFILE" not in env_of(service_deployments(rendered)["api"])
+    assert "my-kafka" not in secret_names(the_agent(rendered))
+
+
+def test_the_bootstrap_entry_is_not_added_twice(helm: Helm, tmp_path: Path) -> None:
+    """`warden secrets init`'s api-tokens file, given as apiTokens, holds the entry already;
+    the API refuses a token configured twice."""
+    values = install_values()
+    token = values["reportAuth"]["bootstrapToken"]
+    _, entry = token_lines(token, "node-bootstrap", "node")
+    values["apiTokens"] = f"# made by `warden secrets init`\n{entry}\n"
+    secrets = by_kind(helm.template(values), "Secret")
+    assert secrets[f"{PREFIX}-api-tokens"]["stringData"]["api-tokens"].count(entry) == 1
+    assert caller_of(token, secrets, tmp_path) == Caller("node-bootstrap", "node")
+
+
+def test_keys_and_tokens_given_as_files_lose_their_newline(helm: Helm, tmp_path: Path) -> None:
+    """`--set-file` keeps a file's last newline; the services would take it as part of the
+    audit key (the CLI strips the same file), and the token's digest would be another's."""
+    values = install_values()
+    token, audit_key = values["reportAuth"]["bootstrapToken"], values["auditKey"]
+    values["reportAuth"]["bootstrapToken"] += "\n"
+    values["auditKey"] += "\n"
+    secrets = by_kind(helm.template(values), "Secret")
+    assert secrets[KEYS]["stringData"]["audit-key"] == audit_key
+    assert secrets[AGENT_SECRET]["stringData"]["bootstrap.token"] == token
+    assert caller_of(token, secrets, tmp_path) == Caller("node-bootstrap", "node")

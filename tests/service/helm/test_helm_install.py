@@ -2,7 +2,9 @@
 server validates and admits every object, kwok runs the pods on GPU nodes of this test's own,
 and every Deployment, the agent DaemonSet and the RBAC exist as `helm template` rendered them;
 the live authorizer gives the chart's backend account exactly the backend's verbs, and its
-inventory account only reads; every process is probed on its /livez and /readyz."""
+inventory account only reads; every process is probed on its /livez and /readyz. Installed
+once per Kafka security protocol: each adds its own variables, Secrets and volumes (a
+projected one with SSL), which the API server must admit as rendered."""
 
 from __future__ import annotations
 
@@ -12,15 +14,28 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from schemas.access import SERVICE_PRINCIPALS
 from services.backends.kubernetes.connection import KubeAccess, as_json
 from tests.helm import CHART, HELM_TIMEOUT_S, Helm, by_kind, install_values
 from tests.kube import KWOK_TOLERATION, SCOPE_LABEL, KubeScope, manifest, settled
 
 Reader = Callable[[str, str], Awaitable[Any]]
 GPU_NODE_LABEL = "nvidia.com/gpu.present"
+PRINCIPALS = [p.value for p in SERVICE_PRINCIPALS]
+CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+# The chart's values of each protocol: credentials of every principal (kwok starts no
+# container, so none is ever presented to a broker).
+KAFKA: dict[str, dict[str, Any]] = {
+    "PLAINTEXT": {},
+    "SASL_SSL": {"securityProtocol": "SASL_SSL", "caCert": CA_PEM,
+                 "users": {p: {"password": f"pw-{p}"} for p in PRINCIPALS}},
+    "SSL": {"securityProtocol": "SSL", "caCert": CA_PEM,
+            "users": {p: {"cert": f"CERT {p}", "key": f"KEY {p}"} for p in PRINCIPALS}},
+}
 
 
 def placed_on(kube: KubeScope) -> dict[str, Any]:
@@ -70,8 +85,10 @@ async def allowed(api: client.ApiClient, user: str, verb: str, resource: str,
     return bool(review.status.allowed)
 
 
+@pytest.mark.parametrize("protocol", list(KAFKA))
 async def test_helm_install_creates_every_object_as_rendered(
-        kube: KubeScope, kube_api: KubeAccess, helm_binary: str, tmp_path: Path) -> None:
+        kube: KubeScope, kube_api: KubeAccess, helm_binary: str, tmp_path: Path,
+        protocol: str) -> None:
     nodes = [await kube.add_gpu_node(suffix) for suffix in ("a", "b")]
     for node in nodes:
         # The label the GPU operator gives a GPU node, which the chart's agent selects.
@@ -82,7 +99,7 @@ async def test_helm_install_creates_every_object_as_rendered(
         await settled(functools.partial(_ready, kube, node), f"{node} Ready and untainted")
     await kube.add_runtime_class(f"{kube.prefix}-nvidia", "nvidia")
     helm = Helm(helm_binary, tmp_path, kube_api.kubeconfig or "")
-    values = install_values(**placed_on(kube))
+    values = install_values(**placed_on(kube), kafka=KAFKA[protocol])
     rendered = await asyncio.to_thread(helm.template, values, release=kube.prefix,
                                        namespace=kube.namespace)
     try:

@@ -51,6 +51,104 @@ app.kubernetes.io/component: {{ .component }}
 {{- .Values.tokensSecret | default (printf "%s-api-tokens" (include "clusterwarden.fullname" .)) -}}
 {{- end -}}
 
+{{- define "clusterwarden.agentSecret" -}}
+{{- .Values.agentSecret | default (printf "%s-agent" (include "clusterwarden.fullname" .)) -}}
+{{- end -}}
+
+{{- define "clusterwarden.kafkaSecret" -}}
+{{- .Values.kafka.credentialsSecret | default (printf "%s-kafka" (include "clusterwarden.fullname" .)) -}}
+{{- end -}}
+
+{{/* The Kafka security protocol, checked: one of the three the chart wires. */}}
+{{- define "clusterwarden.kafkaProtocol" -}}
+{{- $protocol := .Values.kafka.securityProtocol | default "PLAINTEXT" -}}
+{{- if not (has $protocol (list "PLAINTEXT" "SASL_SSL" "SSL")) -}}
+{{- fail (printf "kafka.securityProtocol: PLAINTEXT, SASL_SSL or SSL, not %q" $protocol) -}}
+{{- end -}}
+{{- $protocol -}}
+{{- end -}}
+
+{{/* The API's entry of the nodes' bootstrap token: its digest (as `warden api token --role
+node` prints it, and under the user `warden secrets init` gives it), so the API's Secret holds
+no token one could enrol with. */}}
+{{- define "clusterwarden.bootstrapEntry" -}}
+sha256={{ .Values.reportAuth.bootstrapToken | trim | sha256sum }}:node-bootstrap:node
+{{- end -}}
+
+{{/* Whether the agents enrol themselves (a bootstrap token in the agents' Secret): given one
+in the values, or a Secret of one's own, which must hold it. */}}
+{{- define "clusterwarden.agentsEnrol" -}}
+{{- if or .Values.agentSecret .Values.reportAuth.bootstrapToken -}}true{{- end -}}
+{{- end -}}
+
+{{/* One principal's Kafka connection (schemas/access.py): its SASL username and its own
+password, or its own client certificate, and the broker's CA. Nothing with PLAINTEXT. Call
+with (dict "root" $ "principal" "<name>" "secret" "<Secret holding its credentials>"); the
+files are the `kafka` volume's (clusterwarden.kafkaVolume). */}}
+{{- define "clusterwarden.kafkaEnv" -}}
+{{- $protocol := include "clusterwarden.kafkaProtocol" .root -}}
+{{- if eq $protocol "SASL_SSL" }}
+- name: KAFKA_SASL_USERNAME
+  value: {{ .principal }}
+- name: KAFKA_SASL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ .secret }}
+      key: {{ .principal }}-password
+{{- end }}
+{{- if ne $protocol "PLAINTEXT" }}
+{{- if .root.Values.kafka.caCert }}
+- name: KAFKA_SSL_CAFILE
+  value: /etc/clusterwarden/kafka/ca.pem
+{{- end }}
+{{- if eq $protocol "SSL" }}
+- name: KAFKA_SSL_CERTFILE
+  value: /etc/clusterwarden/kafka/client.crt
+- name: KAFKA_SSL_KEYFILE
+  value: /etc/clusterwarden/kafka/client.key
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* Whether a principal's pod needs the `kafka` volume: a CA to trust, or (SSL) its own
+client certificate. */}}
+{{- define "clusterwarden.kafkaFiles" -}}
+{{- $protocol := include "clusterwarden.kafkaProtocol" . -}}
+{{- if or (eq $protocol "SSL") (and (ne $protocol "PLAINTEXT") .Values.kafka.caCert) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The `kafka` volume of one principal's pod, one folder: the broker's CA (a ConfigMap: it
+is public) and, with SSL, the principal's own certificate and key, and no other principal's.
+Same arguments as clusterwarden.kafkaEnv, plus "mode" (the files' mode). */}}
+{{- define "clusterwarden.kafkaVolume" -}}
+{{- $protocol := include "clusterwarden.kafkaProtocol" .root -}}
+- name: kafka
+  projected:
+    defaultMode: {{ .mode }}
+    sources:
+      {{- if .root.Values.kafka.caCert }}
+      - configMap:
+          name: {{ include "clusterwarden.fullname" .root }}-kafka-ca
+          items: [{key: ca.pem, path: ca.pem}]
+      {{- end }}
+      {{- if eq $protocol "SSL" }}
+      - secret:
+          name: {{ .secret }}
+          items:
+            - {key: {{ .principal }}-cert, path: client.crt}
+            - {key: {{ .principal }}-key, path: client.key}
+      {{- end }}
+{{- end -}}
+
+{{/* The audit chains' key, the same in every service (services/shared/audit.py). */}}
+{{- define "clusterwarden.auditKeyEnv" -}}
+- name: WARDEN_AUDIT_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "clusterwarden.keysSecret" . }}
+      key: audit-key
+{{- end -}}
+
 {{/* How each process runs, as warden/launcher.py's service_command runs it (FastStream's
 runner with the service's app factory; the API under uvicorn). */}}
 {{- define "clusterwarden.command" -}}
