@@ -90,6 +90,11 @@ class Keys:
         """SET of the node ids enrolled in a cluster; reports from others are quarantined."""
         return f"{self.prefix}registry:{cluster}"
 
+    def keys_handed(self, cluster: str) -> str:
+        """SET of the node ids whose report key enrolment handed out (services/api/routes/
+        enrolment.py): a bootstrap token hands out each node's key once."""
+        return f"{self.prefix}keys-handed:{cluster}"
+
     def cluster_backend(self, cluster: str) -> str:
         """STRING (JSON) of the backend a cluster's node steps go through (registry.py's
         ClusterBackend); none: the local agents."""
@@ -481,6 +486,7 @@ KEY_BOUNDS: dict[str, KeyBound] = {
     "pool": KeyBound("per_entity", "one hash per pool"),
     "pools": KeyBound("per_entity", "one member per pool"),
     "registry": KeyBound("per_entity", "one member per enrolled node"),
+    "keys_handed": KeyBound("per_entity", "one member per enrolled node"),
     "cluster_backend": KeyBound("per_entity", "one per cluster"),
     "backend_clusters": KeyBound("per_entity", "one member per cluster with a backend"),
     "breaker_holds": KeyBound("per_entity", "one member per breaker not closed"),

@@ -4,10 +4,11 @@ The collector takes reports only from enrolled nodes, each authenticated by the 
 for it from the report master (common/reportauth.py). Two callers may enrol:
 - an admin, any node, again if need be (`warden nodes enroll`): a re-enrolment hands out the
   same key, for an agent that lost its own;
-- a node's bootstrap token (role `node`, which can do nothing else): only a node not enrolled
-  yet. The registry's add is the check, so of two agents racing for one name, one wins.
-  A bootstrap token that could re-enrol would hand its holder the key of any running node,
-  and with it that node's voice: the forged-report attack this key exists to stop.
+- a node's bootstrap token (role `node`, which can do nothing else): only a node whose key
+  was never handed out, registered before (`warden cluster register NODE...`) or not. The
+  set of handed-out keys' add is the check, so of two agents racing for one name, one wins.
+  A bootstrap token that could hand out a key again would give its holder the key of any
+  running node, and with it that node's voice: the forged-report attack this key stops.
 Every enrolment and every refusal is audited.
 """
 
@@ -49,7 +50,8 @@ class ReportKeyOut(BaseModel):
 class EnrolOut(BaseModel):
     cluster_id: str
     node_id: str
-    new: bool = Field(description="False: the node was enrolled before (an admin's re-enrolment).")
+    new: bool = Field(description="False: the node's key was handed out before (an admin's "
+                                  "re-enrolment).")
     report_key: ReportKeyOut
 
 
@@ -68,15 +70,16 @@ async def enroll(body: EnrolRequest, request: Request, rt: RuntimeDep,
         raise HTTPException(status.HTTP_403_FORBIDDEN,
                             f"enrolment needs a bootstrap token or the admin role; {who.user} "
                             f"is {who.role}")
-    new = await register_nodes(rt.redis, rt.keys, body.cluster_id, [body.node_id]) == 1
+    new = bool(await rt.redis.sadd(rt.keys.keys_handed(body.cluster_id), body.node_id))
     if not new and not who.allows("admin"):
         await audit(rt, who, "node_enroll", target, "a bootstrap token re-enrolling a node",
-                    "409 already enrolled", detail)
+                    "409 key handed out already", detail)
         raise HTTPException(status.HTTP_409_CONFLICT,
-                            f"{body.node_id} is enrolled in {body.cluster_id} already; an admin "
-                            "re-enrols it (warden nodes enroll)")
+                            f"the key of {body.cluster_id}/{body.node_id} was handed out "
+                            "already; an admin enrols it again (warden nodes enroll)")
     # The master the collector checks reports with: the same file (WARDEN_REPORT_MASTER_KEY),
     # or the state folder's, made by whichever of the two comes first.
+    await register_nodes(rt.redis, rt.keys, body.cluster_id, [body.node_id])
     master = ensure_master(master_path(rt.settings.report_master_key, rt.settings.state_dir))
     key = enrol_key(master, body.cluster_id, body.node_id)
     await audit(rt, who, "node_enroll", target, "enrolled" if new else "re-enrolled",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from common.reportauth import NodeReportKey, enrol_key, ensure_master, master_path
-from services.shared.registry import registered_nodes
+from services.shared.registry import register_nodes, registered_nodes
 from tests.service.api.conftest import Api
 
 ENROL = "/api/nodes/enroll"
@@ -39,7 +39,17 @@ async def test_a_bootstrap_token_cannot_take_the_key_of_an_enrolled_node(api: Ap
     again = await api.post(ENROL, body("node-007"), role="node")
     assert again.status_code == 409, again.text
     assert "report_key" not in again.text
-    assert (await api.audit())[-1].result == "409 already enrolled"
+    assert (await api.audit())[-1].result == "409 key handed out already"
+
+
+async def test_a_node_registered_ahead_of_its_agent_still_enrols_itself_once(api: Api) -> None:
+    rt = api.runtime
+    # An admin registered the cluster's nodes by name before their agents started.
+    await register_nodes(rt.redis, rt.keys, "c1", ["node-011"])
+    first = await api.post(ENROL, body("node-011"), role="node")
+    assert first.status_code == 200, first.text
+    assert first.json()["new"] is True
+    assert (await api.post(ENROL, body("node-011"), role="node")).status_code == 409
 
 
 async def test_an_admin_re_enrols_a_node_with_the_same_key(api: Api) -> None:
