@@ -20,7 +20,7 @@ from common.reportauth import NodeReportKey, write_node_key
 
 log = logging.getLogger("clusterwarden.agent.enrolment")
 
-ENROL_PATH: Final = "/api/nodes/enroll"
+ENROL_PATH: Final = "/api/v1/nodes/enroll"
 # The API may still be starting when the agents do (compose starts them together): a refused
 # connection or a 5xx is tried again, for about this long in all.
 ENROL_ATTEMPTS: Final = 30

@@ -109,7 +109,7 @@ class Traffic:
 
 async def submit_forever(client: ApiClient, inputs: Sequence[list[float]], traffic: Traffic,
                          flowing: asyncio.Event, rate: float = RATE_PER_S) -> None:
-    """Submit digits tasks at `rate` per second, as `warden submit` does (POST /api/ml/tasks);
+    """Submit digits tasks at `rate` per second, as `warden submit` does (POST /api/v1/ml/tasks);
     `flowing` is set by the first accepted one. A refusal is counted, never fatal."""
     due = time.monotonic()
     for i in itertools.count():

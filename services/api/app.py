@@ -3,6 +3,10 @@
 At start: the store's schema is migrated, Redis is connected and the tokens are loaded (a
 malformed entry stops the API with the entry named). Kafka is connected on the first control,
 so reads keep working while it is down. The web console is served at `/`.
+
+Every route is under `/api/v1` (the unversioned `/api/...` paths answer as deprecated aliases,
+services/api/versions.py) but the health probes, which are the same at the root of every
+service; every error is answered as problem details (services/api/problems.py).
 """
 
 from __future__ import annotations
@@ -14,10 +18,10 @@ from datetime import datetime
 from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Scope
 
 from common.clock import Clock
@@ -27,7 +31,7 @@ from common.telemetry import Telemetry, setup_telemetry
 from schemas.events.v1 import TemplateChanged, now_utc
 from schemas.topics import Topic
 from services.analyzer.settings import AnalyzerSettings
-from services.api import templates
+from services.api import problems, templates
 from services.api.auth import Refusal, TokenTable, load_tokens
 from services.api.cluster import ClusterReader
 from services.api.deps import Runtime, audit, audit_refusal, client_detail
@@ -40,6 +44,7 @@ from services.api.routes import audit as audit_routes
 from services.api.routes import cluster, enrolment, health, maintenance, me, ml, plans, tasks
 from services.api.routes import templates as template_routes
 from services.api.settings import ApiSettings
+from services.api.versions import API_V1, DeprecatedAliases
 from services.scheduler.settings import SchedulerSettings
 from services.shared.redis_client import Keys, connect_redis
 from services.shared.runtime import configure_logging
@@ -128,6 +133,11 @@ def create_api(settings: ApiSettings | None = None, clock: Clock = now_utc) -> F
 
     app.add_middleware(RequestGuard, tokens=tokens, clock=clock, on_refusal=refused,
                        max_body_bytes=MAX_BODY_BYTES)
+    # Added last, so it runs first: the guard decides on the path the routes will match.
+    app.add_middleware(DeprecatedAliases)
+    app.exception_handler(StarletteHTTPException)(problems.http_problem)
+    app.exception_handler(problems.ApiProblem)(problems.raised_problem)
+    app.exception_handler(Exception)(problems.unhandled_problem)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
@@ -138,11 +148,14 @@ def create_api(settings: ApiSettings | None = None, clock: Clock = now_utc) -> F
             await audit(request.app.state.runtime, principal, "invalid_request",
                         request.url.path, "request refused by validation", "422",
                         client_detail(request) | {"fields": fields})
-        return await request_validation_exception_handler(request, exc)
+        return problems.invalid_request(request, exc)
 
     for routes in (tasks, template_routes, cluster, enrolment, plans, audit_routes, me, ml,
-                   alert_routes, maintenance, health):
-        app.include_router(routes.router)
+                   alert_routes, maintenance):
+        app.include_router(routes.router, prefix=API_V1, responses=problems.PROBLEM_RESPONSES)
+    app.include_router(health.router)
+    # Replacing the method is how FastAPI lets the document be changed; mypy forbids it.
+    app.openapi = problems.with_problem_media_type(app.openapi)  # type: ignore[method-assign]
     # Last: the console takes every path no API route matched.
     console = Path(settings.console_dir) if settings.console_dir else CONSOLE_DIR
     app.mount("/", StaticFiles(directory=console, html=True), name="console")

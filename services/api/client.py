@@ -36,20 +36,20 @@ class ApiError(Exception):
 
 
 def _message(response: httpx.Response) -> tuple[str, Any]:
+    """What a refusal says, and its body: the API answers problem details (RFC 9457), whose
+    `detail` says what went wrong; an invalid template's `problems` say it field by field."""
     try:
         body = response.json()
     except ValueError:
         return response.text[:500] or response.reason_phrase, None
-    detail = body.get("detail") if isinstance(body, dict) else body
-    if isinstance(detail, str):
-        return detail, body
-    if isinstance(detail, dict) and "problems" in detail:
-        problems = "; ".join(f"{p['field']}: {p['message']}" for p in detail["problems"])
-        return problems or str(detail.get("message", "")), body
-    if isinstance(detail, list):  # FastAPI's own validation errors
-        return "; ".join(f"{'.'.join(str(x) for x in e.get('loc', []))}: {e.get('msg')}"
-                         for e in detail if isinstance(e, dict)), body
-    return str(detail), body
+    if not isinstance(body, dict):
+        return str(body), body
+    problems = body.get("problems")
+    if isinstance(problems, list) and problems:
+        return "; ".join(f"{p.get('field')}: {p.get('message')}" for p in problems
+                         if isinstance(p, dict)), body
+    detail = body.get("detail") or body.get("title")
+    return str(detail) if detail else response.reason_phrase, body
 
 
 _HINTS = {
@@ -99,11 +99,11 @@ class ApiClient:
     # ------------------------------------------------------------ tasks
 
     def tasks(self, **filters: Any) -> dict[str, Any]:
-        page: dict[str, Any] = self.call("GET", "/api/tasks", params=filters)
+        page: dict[str, Any] = self.call("GET", "/api/v1/tasks", params=filters)
         return page
 
     def task(self, task_id: UUID) -> dict[str, Any]:
-        detail: dict[str, Any] = self.call("GET", f"/api/tasks/{task_id}")
+        detail: dict[str, Any] = self.call("GET", f"/api/v1/tasks/{task_id}")
         return detail
 
     def control(self, task_id: UUID, action: str, reason: str,
@@ -111,41 +111,41 @@ class ApiClient:
         body: dict[str, Any] = {"reason": reason}
         if step_index is not None:
             body["step_index"] = step_index
-        accepted: dict[str, Any] = self.call("POST", f"/api/tasks/{task_id}/{action}",
+        accepted: dict[str, Any] = self.call("POST", f"/api/v1/tasks/{task_id}/{action}",
                                              json=body)
         return accepted
 
     # ------------------------------------------------------------ maintenance and rotation
 
     def maintenance(self, cluster: str | None = None) -> list[dict[str, Any]]:
-        found: list[dict[str, Any]] = self.call("GET", "/api/maintenance",
+        found: list[dict[str, Any]] = self.call("GET", "/api/v1/maintenance",
                                                 params={"cluster": cluster})["windows"]
         return found
 
     def maintenance_change(self, step: str, cluster: str, node: str | None,
                            reason: str) -> dict[str, Any]:
         """Start or end (`step`) the maintenance of a cluster or a node (operator)."""
-        window: dict[str, Any] = self.call("POST", f"/api/maintenance/{step}", json={
+        window: dict[str, Any] = self.call("POST", f"/api/v1/maintenance/{step}", json={
             "cluster": cluster, "node": node, "reason": reason})
         return window
 
     def rotation(self, step: str, cluster: str, node: str, reason: str) -> dict[str, Any]:
         """Start (offline) or end (online) the rotation of a node (operator)."""
-        accepted: dict[str, Any] = self.call("POST", f"/api/nodes/{node}/rotation/{step}",
+        accepted: dict[str, Any] = self.call("POST", f"/api/v1/nodes/{node}/rotation/{step}",
                                              json={"cluster": cluster, "reason": reason})
         return accepted
 
     # ------------------------------------------------------------ cluster and templates
 
     def nodes(self, cluster: str | None = None) -> list[dict[str, Any]]:
-        found: list[dict[str, Any]] = self.call("GET", "/api/nodes",
+        found: list[dict[str, Any]] = self.call("GET", "/api/v1/nodes",
                                                 params={"cluster": cluster})["nodes"]
         return found
 
     def enroll(self, cluster: str, node: str) -> dict[str, Any]:
         """Enrol `node` in `cluster` (admin; or a bootstrap token, for a new node only): the
         answer holds the node's report key."""
-        enrolled: dict[str, Any] = self.call("POST", "/api/nodes/enroll",
+        enrolled: dict[str, Any] = self.call("POST", "/api/v1/nodes/enroll",
                                              json={"cluster_id": cluster, "node_id": node})
         return enrolled
 
@@ -155,44 +155,44 @@ class ApiClient:
         body = {"cluster": cluster, "kind": kind, "node": node, "reason": reason}
         if scope is not None:
             body["scope"] = scope
-        reset: dict[str, Any] = self.call("POST", "/api/breakers/reset", json=body)
+        reset: dict[str, Any] = self.call("POST", "/api/v1/breakers/reset", json=body)
         return reset
 
     def templates(self) -> list[dict[str, Any]]:
-        found: list[dict[str, Any]] = self.call("GET", "/api/templates")
+        found: list[dict[str, Any]] = self.call("GET", "/api/v1/templates")
         return found
 
     def template(self, name: str) -> dict[str, Any]:
-        found: dict[str, Any] = self.call("GET", f"/api/templates/{name}")
+        found: dict[str, Any] = self.call("GET", f"/api/v1/templates/{name}")
         return found
 
     def validate_template(self, text: str) -> dict[str, Any]:
-        checked: dict[str, Any] = self.call("POST", "/api/templates/validate",
+        checked: dict[str, Any] = self.call("POST", "/api/v1/templates/validate",
                                             json={"yaml": text})
         return checked
 
     def save_template(self, name: str, text: str, reason: str) -> dict[str, Any]:
-        saved: dict[str, Any] = self.call("PUT", f"/api/templates/{name}",
+        saved: dict[str, Any] = self.call("PUT", f"/api/v1/templates/{name}",
                                           json={"yaml": text, "reason": reason})
         return saved
 
     def template_history(self, name: str) -> dict[str, Any]:
-        found: dict[str, Any] = self.call("GET", f"/api/templates/{name}/history")
+        found: dict[str, Any] = self.call("GET", f"/api/v1/templates/{name}/history")
         return found
 
     def template_diff(self, name: str, old: int, new: int) -> dict[str, Any]:
-        found: dict[str, Any] = self.call("GET", f"/api/templates/{name}/diff",
+        found: dict[str, Any] = self.call("GET", f"/api/v1/templates/{name}/diff",
                                           params={"from": old, "to": new})
         return found
 
     def rollback_template(self, name: str, version: int, reason: str) -> dict[str, Any]:
-        saved: dict[str, Any] = self.call("POST", f"/api/templates/{name}/rollback",
+        saved: dict[str, Any] = self.call("POST", f"/api/v1/templates/{name}/rollback",
                                           json={"version": version, "reason": reason})
         return saved
 
     def pin_template(self, name: str, pinned: bool, reason: str) -> dict[str, Any]:
         state: dict[str, Any] = self.call(
-            "POST", f"/api/templates/{name}/{'pin' if pinned else 'unpin'}",
+            "POST", f"/api/v1/templates/{name}/{'pin' if pinned else 'unpin'}",
             json={"reason": reason})
         return state
 
@@ -200,22 +200,22 @@ class ApiClient:
 
     def submit_ml(self, task_type: str, values: list[float], deadline_s: float,
                   priority: int, critical: bool) -> dict[str, Any]:
-        accepted: dict[str, Any] = self.call("POST", "/api/ml/tasks", json={
+        accepted: dict[str, Any] = self.call("POST", "/api/v1/ml/tasks", json={
             "task_type": task_type, "input": values, "deadline_s": deadline_s,
             "priority": priority, "critical": critical})
         return accepted
 
     def ml_tasks(self, **filters: Any) -> dict[str, Any]:
-        page: dict[str, Any] = self.call("GET", "/api/ml/tasks", params=filters)
+        page: dict[str, Any] = self.call("GET", "/api/v1/ml/tasks", params=filters)
         return page
 
     def ml_task(self, task_id: UUID) -> dict[str, Any]:
-        detail: dict[str, Any] = self.call("GET", f"/api/ml/tasks/{task_id}")
+        detail: dict[str, Any] = self.call("GET", f"/api/v1/ml/tasks/{task_id}")
         return detail
 
     def ml_models(self, cluster: str | None = None,
                   task_type: str | None = None) -> dict[str, Any]:
-        view: dict[str, Any] = self.call("GET", "/api/ml/models",
+        view: dict[str, Any] = self.call("GET", "/api/v1/ml/models",
                                          params={"cluster": cluster, "task_type": task_type})
         return view
 
@@ -223,12 +223,12 @@ class ApiClient:
 
     def audit_head(self) -> dict[str, Any]:
         """The audit chain's head: hash and count (admin)."""
-        result: dict[str, Any] = self.call("GET", "/api/audit/head")
+        result: dict[str, Any] = self.call("GET", "/api/v1/audit/head")
         return result
 
     def verify_audit(self, anchor: str | None = None) -> dict[str, Any]:
         """The chain's verdict, checked from its first entry (and against `anchor`)."""
-        result: dict[str, Any] = self.call("GET", "/api/audit", params={
+        result: dict[str, Any] = self.call("GET", "/api/v1/audit", params={
             "verify": "true", "limit": 1, "anchor": anchor})["chain"]
         return result
 
@@ -236,11 +236,11 @@ class ApiClient:
 
     def alerts(self, **filters: Any) -> dict[str, Any]:
         """A page of alerts, firing first (filters: status, cluster, limit, offset)."""
-        page: dict[str, Any] = self.call("GET", "/api/alerts", params=filters)
+        page: dict[str, Any] = self.call("GET", "/api/v1/alerts", params=filters)
         return page
 
     def ack_alert(self, cluster: str, dedup_key: str, reason: str) -> dict[str, Any]:
         """Acknowledge an alert (operator); the API audits it under the token's user."""
-        acked: dict[str, Any] = self.call("POST", f"/api/alerts/{cluster}/{dedup_key}/ack",
+        acked: dict[str, Any] = self.call("POST", f"/api/v1/alerts/{cluster}/{dedup_key}/ack",
                                           json={"reason": reason})
         return acked

@@ -2,12 +2,15 @@
 
 A request's headers are all the door reads before it decides:
 - a `Content-Length` above the limit is answered 413 at once;
-- a route under `/api` without a valid token is answered 401 at once (the refusal is handed
-  to `on_refusal`, which audits it at a bounded rate); `/healthz`, the OpenAPI pages and the
-  console's static files need no token;
+- a route under `/api` (`/api/v1`; its deprecated aliases reach the door rewritten to it,
+  services/api/versions.py) without a valid token is answered 401 at once (the refusal is
+  handed to `on_refusal`, which audits it at a bounded rate); `/healthz`, the OpenAPI pages
+  and the console's static files need no token;
 - the body is then passed on as it streams in, counted, and the request is answered 413 the
   moment the count passes the limit: a chunked body, which has no length to refuse, is never
   held beyond the limit either. What the app had begun to answer is dropped.
+
+Both refusals are problem details (services/api/problems.py), the 401's `reason` among them.
 
 The admitted principal is left in the request's state (`request.state.principal`), where the
 routes' role checks (services/api/deps.py) find it.
@@ -19,11 +22,11 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 
 from starlette.datastructures import Headers
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from common.clock import Clock
 from services.api.auth import Refusal, TokenTable, bearer_token
+from services.api.problems import ProblemResponse, problem_response
 
 # Where the token-free routes end: everything under it needs a token.
 TOKEN_PREFIX = "/api"
@@ -61,15 +64,16 @@ def has_body(headers: Headers) -> bool:
 CLOSE = {"Connection": "close"}
 
 
-def too_large(limit: int) -> JSONResponse:
-    return JSONResponse({"detail": f"body larger than {limit} bytes"}, status_code=413,
-                        headers=CLOSE)
+def too_large(scope: Scope, limit: int) -> ProblemResponse:
+    return problem_response(413, f"body larger than {limit} bytes", scope["path"],
+                            headers=CLOSE)
 
 
-def unauthorized(refusal: Refusal, unread_body: bool) -> JSONResponse:
-    return JSONResponse({"detail": "a valid bearer token is required", "reason": refusal.reason},
-                        status_code=401,
-                        headers={"WWW-Authenticate": "Bearer"} | (CLOSE if unread_body else {}))
+def unauthorized(scope: Scope, refusal: Refusal, unread_body: bool) -> ProblemResponse:
+    challenge = {"WWW-Authenticate": "Bearer"}
+    return problem_response(401, "a valid bearer token is required", scope["path"],
+                            headers=challenge | (CLOSE if unread_body else {}),
+                            reason=refusal.reason)
 
 
 class _CountedExchange:
@@ -121,14 +125,14 @@ class RequestGuard:
         headers = Headers(scope=scope)
         length = headers.get("content-length", "")
         if length.isdigit() and int(length) > self.max_body_bytes:
-            await too_large(self.max_body_bytes)(scope, receive, send)
+            await too_large(scope, self.max_body_bytes)(scope, receive, send)
             return
         if needs_token(route_path(scope)):
             now = self.clock()
             admitted = self.tokens.authenticate(bearer_token(headers.get("authorization")), now)
             if isinstance(admitted, Refusal):
                 await self.on_refusal(scope, admitted, now)
-                await unauthorized(admitted, has_body(headers))(scope, receive, send)
+                await unauthorized(scope, admitted, has_body(headers))(scope, receive, send)
                 return
             scope.setdefault("state", {})["principal"] = admitted
         exchange = _CountedExchange(receive, send, self.max_body_bytes)
@@ -138,4 +142,4 @@ class RequestGuard:
             if exchange.started:
                 raise  # too late for a 413: the server drops the connection
         if exchange.overflowed and not exchange.started:
-            await too_large(self.max_body_bytes)(scope, receive, send)
+            await too_large(scope, self.max_body_bytes)(scope, receive, send)

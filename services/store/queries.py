@@ -231,7 +231,7 @@ async def audit_verdict(session: AsyncSession, anchor: str | None = None,
     the head's MAC against the recomputed last hash and count (`key`: the audit key; None:
     this process's).
 
-    `anchor`: a head exported earlier (`/api/audit/head`) and kept apart from the store. The
+    `anchor`: a head exported earlier (`/api/v1/audit/head`) and kept apart from the store. The
     chain must still hold an entry of that hash. The MAC already finds a tail cut off with the
     head rewritten to match; the anchor also finds a rollback to an older head the key did
     vouch for (the log and its head restored from an earlier copy).

@@ -99,9 +99,9 @@ async def test_a_call_above_the_callers_role_is_403_audited_and_changes_nothing_
         await rt.reader.breakers.record("c1", "offline", Outcome(task_id=str(uuid4()),
                                                                 failed=True))
     calls: list[tuple[Role, str, dict[str, Any]]] = [
-        ("viewer", f"/api/tasks/{running.task_id}/pause", REASON),
-        ("operator", f"/api/tasks/{paused.task_id}/jump", REASON | {"step_index": 1}),
-        ("operator", "/api/breakers/reset", REASON | {"cluster": "c1", "kind": "offline"}),
+        ("viewer", f"/api/v1/tasks/{running.task_id}/pause", REASON),
+        ("operator", f"/api/v1/tasks/{paused.task_id}/jump", REASON | {"step_index": 1}),
+        ("operator", "/api/v1/breakers/reset", REASON | {"cluster": "c1", "kind": "offline"}),
     ]
     for role, path, body in calls:
         response = await api.post(path, body, role=role)

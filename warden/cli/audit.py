@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from warden.cli.common import JsonOption, from_api, valid_reason
+from warden.cli.common import EXIT_FAILED, JsonOption, from_api, valid_reason
 
 app = typer.Typer(help="The audit log's hash chain: export its head, verify it (admin).",
                   no_args_is_help=True)
@@ -50,7 +50,7 @@ def audit_verify(
         typer.echo(f"audit chain broken after {verdict['entries']} entries{where}: "
                    f"{verdict['reason']}", err=True)
     if not verdict["ok"]:
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILED)
 
 
 @app.command("key-head")
@@ -65,6 +65,6 @@ def audit_key_head(
     """Key the chain's head under the audit key (admin, audited): a head from before the key
     was set, or one an append left unkeyed because the head before it had failed. Prints the
     new head: keep it apart as the next anchor."""
-    keyed = from_api(lambda client: client.call("POST", "/api/audit/head/key",
+    keyed = from_api(lambda client: client.call("POST", "/api/v1/audit/head/key",
                                                 json={"head": head, "reason": reason}))
     typer.echo(f"{keyed['hash']} {keyed['count']}")

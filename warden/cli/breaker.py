@@ -93,4 +93,4 @@ def breaker_reset(
     if not reset["alert_published"]:
         # The reset and its audit entries stand; only the announcement is missing.
         typer.echo("the breaker_reset alert could not be published", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(common.EXIT_FAILED)

@@ -7,7 +7,7 @@ import asyncio
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Final, TypeVar
 
 import typer
 from pydantic import SecretStr, TypeAdapter, ValidationError
@@ -16,6 +16,33 @@ from common.settings import ServiceSettings
 from schemas.envelope import Identifier, Reason
 from services.api.client import ApiClient, ApiError, ClientSettings
 from services.shared.registry import register
+
+# How every command ends, for scripts (also in `warden --help` and the README).
+EXIT_OK: Final = 0
+# The API refused or failed the call, or what was asked did not happen (e.g. a control the
+# executor refused, a broken audit chain).
+EXIT_FAILED: Final = 1
+# A usage error: a bad option or argument. Click ends its own usage errors so, and every
+# check of ours raises typer.BadParameter, which Click ends the same way.
+EXIT_USAGE: Final = 2
+# `--wait` gave up: the task had not settled when its --timeout ran out (it may still).
+EXIT_WAIT_TIMEOUT: Final = 3
+EXIT_CODES: Final = {
+    EXIT_OK: "done",
+    EXIT_FAILED: "the API refused or failed the call, or what was asked did not happen",
+    EXIT_USAGE: "usage error (a bad option or argument)",
+    EXIT_WAIT_TIMEOUT: "--wait timed out before the task settled",
+}
+
+
+def exit_codes_text() -> str:
+    """The exit codes, for the root command's help."""
+    return "Exit codes: " + "; ".join(f"{code} {what}" for code, what in EXIT_CODES.items())
+
+
+def wait_timed_out(state: str, timeout_s: float) -> typer.Exit:
+    typer.echo(f"still {state} after {timeout_s:g}s; stopped waiting", err=True)
+    return typer.Exit(EXIT_WAIT_TIMEOUT)
 
 
 def service_settings() -> ServiceSettings:
@@ -89,7 +116,8 @@ LimitOption = Annotated[int, typer.Option(min=1, max=500)]
 OffsetOption = Annotated[int, typer.Option(min=0)]
 WaitOption = Annotated[bool, typer.Option(
     "--wait", help="Follow the task, printing each transition, until it settles.")]
-TimeoutOption = Annotated[float, typer.Option(min=1.0, help="Give up waiting after this, s.")]
+TimeoutOption = Annotated[float, typer.Option(
+    min=1.0, help=f"Give up waiting after this, s (exit {EXIT_WAIT_TIMEOUT}).")]
 ReasonOption = Annotated[str, typer.Option(help="Why (recorded with the control and in the "
                                                 "audit log).", callback=valid_reason)]
 
@@ -113,14 +141,14 @@ def api_client() -> ApiClient:
 
 def fail(err: ApiError) -> typer.Exit:
     typer.echo(f"error ({err.status}): {err}" if err.status else f"error: {err}", err=True)
-    return typer.Exit(1)
+    return typer.Exit(EXIT_FAILED)
 
 
 T = TypeVar("T")
 
 
 def from_api(call: Callable[[ApiClient], T]) -> T:
-    """What one call of the API client returns; an API error ends the command (exit 1)."""
+    """What one call of the API client returns; an API error ends the command (EXIT_FAILED)."""
     try:
         with api_client() as client:
             return call(client)

@@ -76,7 +76,7 @@ def demo(
             await asyncio.sleep(1.0)
         for svc in dead:
             typer.echo(f"{svc.name} exited ({svc.process.returncode}); see {svc.log_path}")
-        raise typer.Exit(1)
+        raise typer.Exit(common.EXIT_FAILED)
 
     async def show() -> None:
         watcher = asyncio.create_task(watch(settings))

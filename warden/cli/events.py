@@ -1,4 +1,6 @@
-"""`warden events`: a readable line for each node state, need, task transition and alert."""
+"""`warden events`: a readable line for each node state, need, task transition and alert, or
+with `--json` one JSON object per line for scripts: `{"topic": ..., "event": ...}`, the event
+as its model dumps it."""
 
 from __future__ import annotations
 
@@ -6,7 +8,8 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Annotated
 
 import typer
 from aiokafka import AIOKafkaConsumer
@@ -44,6 +47,14 @@ def describe(topic: Topic, body: bytes) -> str:
     return f"{stamp} {event.event_type}"
 
 
+def json_line(topic: Topic, body: bytes) -> str:
+    """One JSON object for an event on a watched topic: the topic (its name without the
+    namespace) and the event as its model dumps it. Nested, so no field of a future event can
+    clash with `topic`."""
+    event = TOPIC_MODELS[topic].model_validate_json(body)
+    return json.dumps({"topic": topic.value, "event": event.model_dump(mode="json")})
+
+
 def step_effect(outputs: Mapping[str, object]) -> str:
     """What a completed step did, in a few words, for the steps an operator cares about."""
     if "resumed_step" in outputs and outputs.get("started"):
@@ -59,8 +70,12 @@ def step_effect(outputs: Mapping[str, object]) -> str:
 
 
 async def watch(settings: ServiceSettings, until_task_state: str | None = None,
-                timeout_s: float | None = None) -> int:
-    """Print node states, needs and task events as they happen; returns 0 on `until` state."""
+                timeout_s: float | None = None, as_json: bool = False) -> int:
+    """Print node states, needs and task events as they happen; returns 0 on `until` state.
+
+    With `as_json`, standard output carries only the events' JSON lines: what cannot be read
+    is said on standard error."""
+    render: Callable[[Topic, bytes], str] = json_line if as_json else describe
     names = {topic_name(t, settings.namespace): t for t in WATCHED}
     consumer = AIOKafkaConsumer(*names, **client_options(settings),
                                 auto_offset_reset="latest", enable_auto_commit=False)
@@ -73,9 +88,9 @@ async def watch(settings: ServiceSettings, until_task_state: str | None = None,
                 for record in records:
                     topic = names[record.topic]
                     try:
-                        typer.echo(describe(topic, record.value or b""))
+                        typer.echo(render(topic, record.value or b""))
                     except ValueError as err:
-                        typer.echo(f"(unreadable event on {record.topic}: {err})")
+                        typer.echo(f"(unreadable event on {record.topic}: {err})", err=as_json)
                         continue
                     if until_task_state and topic is Topic.OPS_TASK_EVENTS:
                         event = json.loads(record.value or b"{}")
@@ -86,7 +101,9 @@ async def watch(settings: ServiceSettings, until_task_state: str | None = None,
         await consumer.stop()
 
 
-def events() -> None:
-    """Follow node states, needs and task transitions (Ctrl-C to stop)."""
+def events(as_json: Annotated[bool, typer.Option(
+        "--json", help='One JSON object per line, {"topic": ..., "event": ...}: the event as '
+                       "its model dumps it.")] = False) -> None:
+    """Follow node states, needs, task transitions and alerts (Ctrl-C to stop)."""
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(watch(service_settings()))
+        asyncio.run(watch(service_settings(), as_json=as_json))

@@ -140,12 +140,12 @@ def submit(
     if as_json:
         print_json(task)
     if task["state"] != "succeeded":
-        raise typer.Exit(1)
+        raise typer.Exit(common.EXIT_FAILED)
 
 
 def follow_ml(client: ApiClient, task_id: UUID, timeout_s: float, poll_s: float = 0.25,
               quiet: bool = False) -> Mapping[str, Any]:
-    """Print each attempt as it ends, until the task is final (exit 2 on timeout)."""
+    """Print each attempt as it ends, until the task is final (EXIT_WAIT_TIMEOUT on timeout)."""
     deadline = time.monotonic() + timeout_s
     shown: set[tuple[int, str | None]] = set()
     if not quiet:
@@ -168,8 +168,7 @@ def follow_ml(client: ApiClient, task_id: UUID, timeout_s: float, poll_s: float 
                 typer.echo(f"{task['state']}: {or_dash(task.get('reason'))}")
             return task
         if time.monotonic() >= deadline:
-            typer.echo(f"still {task['state']} after {timeout_s:g}s; stopped waiting", err=True)
-            raise typer.Exit(2)
+            raise common.wait_timed_out(task["state"], timeout_s)
         time.sleep(poll_s)
 
 

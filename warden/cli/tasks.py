@@ -158,8 +158,7 @@ def follow(client: ApiClient, task_id: UUID, done: Callable[[Mapping[str, Any]],
         if done(task):
             return task
         if time.monotonic() >= deadline:
-            typer.echo(f"still {task['state']} after {timeout_s:g}s; stopped waiting", err=True)
-            raise typer.Exit(2)
+            raise common.wait_timed_out(task["state"], timeout_s)
         time.sleep(poll_s)
         task = client.task(task_id)
 
@@ -238,7 +237,7 @@ def _control(task_id: UUID, action: str, reason: str, step: int | None, wait: bo
         raise fail(err) from err
     if refused(task) or task["state"] != expected:
         typer.echo(f"the task is {task['state']}: the {action} did not take effect", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(common.EXIT_FAILED)
 
 
 def _control_command(action: str, doc: str) -> None:

@@ -48,9 +48,10 @@ def templates_show(name: str, as_json: JsonOption = False) -> None:
 
 
 def _problems(err: ApiError) -> list[str]:
-    detail = err.body.get("detail") if isinstance(err.body, dict) else None
-    if isinstance(detail, dict):
-        return [f"{p['field']}: {p['message']}" for p in detail.get("problems", [])]
+    """An invalid template's problems, field by field (a member of the problem details)."""
+    problems = err.body.get("problems") if isinstance(err.body, dict) else None
+    if isinstance(problems, list):
+        return [f"{p['field']}: {p['message']}" for p in problems]
     return []
 
 
@@ -72,7 +73,7 @@ def templates_validate(
             typer.echo(f"{file.name}: invalid")
             for line in _problems(err) or [str(err)]:
                 typer.echo(f"  {line}")
-        raise typer.Exit(1) from err
+        raise typer.Exit(common.EXIT_FAILED) from err
     if as_json:
         print_json(checked)
     else:
@@ -98,7 +99,7 @@ def templates_save(
         typer.echo(f"{file.name}: not saved", err=True)
         for line in _problems(err) or [str(err)]:
             typer.echo(f"  {line}", err=True)
-        raise typer.Exit(1) from err
+        raise typer.Exit(common.EXIT_FAILED) from err
     typer.echo(f"{saved['file']}: {'saved' if saved['saved'] else 'unchanged'}; "
                f"{saved['note']}")
 

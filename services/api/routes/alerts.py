@@ -19,7 +19,7 @@ from services.api.deps import Operator, RuntimeDep, Viewer, audit
 from services.store.db import fail_closed
 from services.store.views import AlertRow
 
-router = APIRouter(prefix="/api/alerts", tags=["alerts"])
+router = APIRouter(prefix="/alerts", tags=["alerts"])
 
 
 class AlertPage(BaseModel):

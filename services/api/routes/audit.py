@@ -22,7 +22,7 @@ from services.store.queries import (
 )
 from services.store.views import AuditRow
 
-router = APIRouter(prefix="/api/audit", tags=["audit"])
+router = APIRouter(prefix="/audit", tags=["audit"])
 
 ChainHash = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 
@@ -55,7 +55,7 @@ async def audit_log(
     offset: Annotated[int, Query(ge=0)] = 0,
     verify: Annotated[bool, Query(description="Recompute the whole chain.")] = False,
     anchor: Annotated[ChainHash | None, Query(
-        description="A head exported earlier (`/api/audit/head`): the chain must still hold "
+        description="A head exported earlier (`/api/v1/audit/head`): the chain must still hold "
                     "its entry (implies verify).")] = None,
 ) -> AuditPage:
     async with rt.store.session() as session:
@@ -77,7 +77,7 @@ async def audit_chain_head(rt: RuntimeDep, _: Admin) -> HeadOut:
 
 
 class KeyHeadRequest(ReasonBody):
-    head: ChainHash = Field(description="The head's hash as checked (`/api/audit/head`): "
+    head: ChainHash = Field(description="The head's hash as checked (`/api/v1/audit/head`): "
                                         "keyed only if it is still the head.")
 
 

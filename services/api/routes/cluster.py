@@ -30,7 +30,7 @@ from services.scheduler.handlers import reset_alert
 from services.shared.audit import AuditLog
 from services.store.queries import append_audit
 
-router = APIRouter(prefix="/api", tags=["cluster"])
+router = APIRouter(tags=["cluster"])
 SOURCE = "api"
 # A day of minutes: the collector keeps no more per node.
 MAX_NODE_HISTORY = 1_440
@@ -107,7 +107,7 @@ async def breaker_reset(body: BreakerResetRequest, request: Request, rt: Runtime
         await audit(rt, who, "breaker_reset", target, body.reason, "404 no such breaker",
                     detail)
         raise HTTPException(status.HTTP_404_NOT_FOUND,
-                            f"no breaker {body.cluster}/{name} (GET /api/breakers lists them)")
+                            f"no breaker {body.cluster}/{name} (GET /api/v1/breakers lists them)")
     try:
         # The reset and its entry in the scheduler's own audit stream are one atomic write.
         reset = await store.reset(body.cluster, name, who.user, body.reason,

@@ -26,7 +26,7 @@ from services.api.auth import Principal, Role
 from services.api.deps import RuntimeDep, audit, client_detail, require
 from services.shared.registry import register_nodes
 
-router = APIRouter(prefix="/api/nodes", tags=["nodes"])
+router = APIRouter(prefix="/nodes", tags=["nodes"])
 
 Enroller = Annotated[Principal, Depends(require("node"))]
 ENROLLERS: frozenset[Role] = frozenset({"node", "admin"})

@@ -23,7 +23,7 @@ from services.shared.maintenance import (
     rotation_need,
 )
 
-router = APIRouter(prefix="/api", tags=["maintenance"])
+router = APIRouter(tags=["maintenance"])
 SOURCE = "api"
 
 

@@ -7,7 +7,7 @@ from pydantic import BaseModel
 
 from services.api.deps import Viewer
 
-router = APIRouter(prefix="/api/me", tags=["auth"])
+router = APIRouter(prefix="/me", tags=["auth"])
 
 
 class MeOut(BaseModel):

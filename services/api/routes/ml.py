@@ -2,7 +2,7 @@
 
 A submission is published on `ml.tasks.submitted.v1` and answered 202 with the task's id:
 the router chooses the model, the store records what happens (GET shows it once the store
-has the submission, usually within a second). `/api/ml/models` reads the live registry and
+has the submission, usually within a second). `/api/v1/ml/models` reads the live registry and
 the selector's statistics from Redis: which model versions each node serves, whether they
 are ready, and how each arm is doing.
 """
@@ -30,7 +30,7 @@ from services.router.stats_store import StatsStore
 from services.store.ml import MlTaskFilter, get_ml_task, list_ml_tasks
 from services.store.views import MlTaskDetail, MlTaskRow
 
-router = APIRouter(prefix="/api/ml", tags=["ml"])
+router = APIRouter(prefix="/ml", tags=["ml"])
 SOURCE = "api"
 MAX_PAGE = 500
 

@@ -18,7 +18,7 @@ from services.store.db import fail_closed
 from services.store.plans import MAX_PLANS, list_plans
 from services.store.views import PlanRow
 
-router = APIRouter(prefix="/api/capacity", tags=["capacity"])
+router = APIRouter(prefix="/capacity", tags=["capacity"])
 CSV_COLUMNS: Final = ("generated_at", "cluster", "pool", "day", "peak_pct", "lower_80",
                       "upper_80", "lower_95", "upper_95", "nodes_mean", "nodes_upper_80",
                       "node_type", "gpus_per_node")

@@ -23,7 +23,7 @@ from services.shared.vouchers import ControlVouchers
 from services.store.queries import TaskFilter, get_task, list_tasks
 from services.store.views import TaskDetail, TaskRow
 
-router = APIRouter(prefix="/api/tasks", tags=["tasks"])
+router = APIRouter(prefix="/tasks", tags=["tasks"])
 SOURCE = "api"
 MAX_PAGE = 500
 

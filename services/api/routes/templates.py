@@ -8,12 +8,12 @@ import asyncio
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request, status
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.api import templates
 from services.api.bodies import Reason
 from services.api.deps import Admin, Operator, RuntimeDep, Viewer, audit, client_detail
+from services.api.problems import INVALID_TEMPLATE, ApiProblem, ProblemDocument
 from services.api.templates import TemplateDocument, TemplateSummary
 from services.store.template_versions import (
     Saved,
@@ -37,7 +37,7 @@ from services.templater.validation import (
     with_version,
 )
 
-router = APIRouter(prefix="/api/templates", tags=["templates"])
+router = APIRouter(prefix="/templates", tags=["templates"])
 Name = Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,32}$")]
 VersionNo = Annotated[int, Query(ge=1, le=1_000_000)]
 
@@ -70,10 +70,9 @@ class Validated(BaseModel):
     template: dict[str, Any]
 
 
-class Invalid(BaseModel):
-    """422: what is wrong, field by field."""
+class Invalid(ProblemDocument):
+    """422 (problem details of type invalid-template): what is wrong, field by field."""
 
-    message: str
     problems: list[Problem]
 
 
@@ -108,10 +107,9 @@ INVALID: dict[int | str, dict[str, Any]] = {
     422: {"model": Invalid, "description": "Invalid, field by field"}}
 
 
-def invalid(err: TemplateInvalid) -> JSONResponse:
-    body = Invalid(message=str(err), problems=err.problems)
-    return JSONResponse(status_code=status.HTTP_422_UNPROCESSABLE_CONTENT,
-                        content={"detail": body.model_dump()})
+def invalid(err: TemplateInvalid) -> ApiProblem:
+    return ApiProblem(status.HTTP_422_UNPROCESSABLE_CONTENT, str(err), INVALID_TEMPLATE,
+                      problems=[p.model_dump() for p in err.problems])
 
 
 def saved_out(saved: Saved, note: str) -> SavedOut:
@@ -155,7 +153,7 @@ async def templates_show(name: Name, rt: RuntimeDep, _: Viewer) -> TemplateDocum
 @router.post("/validate", response_model=Validated, responses=INVALID,
              summary="Check a template as it would be saved (operator)")
 async def templates_validate(body: TemplateText, rt: RuntimeDep,
-                             _: Operator) -> Validated | JSONResponse:
+                             _: Operator) -> Validated:
     async with rt.store.session() as session:
         active = {n: r.yaml for n, r in (await active_rows(session)).items()}
 
@@ -168,13 +166,13 @@ async def templates_validate(body: TemplateText, rt: RuntimeDep,
     try:
         return Validated(template=await asyncio.to_thread(check))
     except TemplateInvalid as err:
-        return invalid(err)
+        raise invalid(err) from err
 
 
 @router.put("/{name}", response_model=SavedOut, responses=INVALID,
             summary="Save a template as its next version after validating it (admin)")
 async def templates_save(name: Name, body: TemplateEdit, request: Request, rt: RuntimeDep,
-                         who: Admin) -> SavedOut | JSONResponse:
+                         who: Admin) -> SavedOut:
     try:
         saved = await rt.templates.save(SaveRequest(
             name=name, text=body.yaml, origin="manual", actor=who.user, role=who.role,
@@ -182,7 +180,7 @@ async def templates_save(name: Name, body: TemplateEdit, request: Request, rt: R
     except TemplateInvalid as err:
         await audit(rt, who, "template_save", f"template/{name}", body.reason, "422 invalid",
                     client_detail(request) | {"problems": [p.model_dump() for p in err.problems]})
-        return invalid(err)
+        raise invalid(err) from err
     return saved_out(saved, f"saved as {saved.template.label}; the templaters use it from "
                      "their next need" if saved.changed
                      else "identical to the active version: nothing saved")
@@ -214,7 +212,7 @@ async def templates_diff(name: Name, rt: RuntimeDep, _: Viewer,
 @router.post("/{name}/rollback", response_model=SavedOut, responses=INVALID,
              summary="Make a new version equal to an earlier one (admin)")
 async def templates_rollback(name: Name, body: RollbackBody, request: Request,
-                             rt: RuntimeDep, who: Admin) -> SavedOut | JSONResponse:
+                             rt: RuntimeDep, who: Admin) -> SavedOut:
     try:
         saved = await rt.templates.rollback(name, body.version, who.user, who.role,
                                             body.reason)
@@ -224,7 +222,7 @@ async def templates_rollback(name: Name, body: RollbackBody, request: Request,
         await audit(rt, who, "template_rollback", f"template/{name}", body.reason,
                     "422 invalid", client_detail(request)
                     | {"problems": [p.model_dump() for p in err.problems]})
-        return invalid(err)
+        raise invalid(err) from err
     return saved_out(saved, f"version {body.version} is active again as "
                      f"{saved.template.label}" if saved.changed
                      else f"the active version already equals version {body.version}")

@@ -88,14 +88,14 @@ async def test_an_operator_acknowledges_an_alert_audited(api: Api) -> None:
 async def test_a_viewer_may_not_acknowledge(api: Api) -> None:
     await record(api.runtime.store, story())
     cluster, key = BREAKER
-    response = await api.post(f"/api/alerts/{cluster}/{key}/ack", {"reason": REASON},
+    response = await api.post(f"/api/v1/alerts/{cluster}/{key}/ack", {"reason": REASON},
                               role="viewer")
     assert response.status_code == 403
     assert "operator" in response.json()["detail"]
     assert (await stored(api))[BREAKER].acknowledged_by is None
     # Refused before the route runs: audited as a refused authorisation of the path.
     assert [(e.actor, e.action, e.target, e.result) for e in await api.audit()] == [
-        (USERS["viewer"], "authorize", f"/api/alerts/{cluster}/{key}/ack", "403")]
+        (USERS["viewer"], "authorize", f"/api/v1/alerts/{cluster}/{key}/ack", "403")]
 
 
 async def test_acknowledging_an_unknown_alert_is_404_and_audited(api: Api) -> None:

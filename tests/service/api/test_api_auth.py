@@ -68,7 +68,7 @@ async def test_without_a_known_token_every_route_is_401(api: Api) -> None:
 async def test_refusals_are_audited_without_the_token(api: Api) -> None:
     await api.client.get("/api/tasks", headers={"Authorization": "Bearer guessed-token"})
     await api.client.get("/api/tasks")
-    await api.post(f"/api/tasks/{TASK}/jump", REASON | {"step_index": 1}, role="operator")
+    await api.post(f"/api/v1/tasks/{TASK}/jump", REASON | {"step_index": 1}, role="operator")
     entries = await api.audit()
     assert [(e.actor, e.role, e.action, e.result) for e in entries] == [
         ("anonymous", "none", "authenticate", "401"),
@@ -78,7 +78,7 @@ async def test_refusals_are_audited_without_the_token(api: Api) -> None:
     # One entry per source and reason in a window (tests/service/api/test_api_door.py).
     assert entries[0].reason.startswith("unknown bearer token; later ones from 127.0.0.1")
     assert entries[1].reason.startswith("no bearer token; later ones from 127.0.0.1")
-    assert entries[2].target == f"/api/tasks/{TASK}/jump"
+    assert entries[2].target == f"/api/v1/tasks/{TASK}/jump"
     assert entries[2].reason == "needs role admin, has operator"
     assert entries[2].detail["ip"] == "127.0.0.1"
     for entry in entries:

@@ -25,7 +25,7 @@ from tests.service.api.conftest import TOKENS, Api, Server, auth, clean_redis, s
 
 EIGHT_MIB = 8 * 1024 * 1024
 CHUNK = 64 * 1024
-SINK = "/api/test-sink"
+SINK = "/api/v1/test-sink"
 
 
 @dataclass

@@ -20,9 +20,11 @@ async def versions(api: Api) -> dict[str, int]:
 
 
 def problems(response_json: dict[str, object]) -> dict[str, str]:
-    detail = response_json["detail"]
-    assert isinstance(detail, dict)
-    return {p["field"]: p["message"] for p in detail["problems"]}
+    """An invalid template's problems (a member of its problem details), field -> message."""
+    assert response_json["type"] == "https://clusterwarden.dev/problems/invalid-template"
+    found = response_json["problems"]
+    assert isinstance(found, list)
+    return {p["field"]: p["message"] for p in found}
 
 
 async def test_templates_are_listed_and_shown(api: Api) -> None:

@@ -15,7 +15,7 @@ from warden.demo_ml import attempts_by_arm, busiest, recent_tasks, share_table
 
 def row(state: str, model: str | None = "digits-mlp", node: str | None = "node-001",
         attempts: int = 1) -> dict[str, Any]:
-    """A task as `GET /api/ml/tasks` lists it (the latest attempt only)."""
+    """A task as `GET /api/v1/ml/tasks` lists it (the latest attempt only)."""
     return {"task_id": str(uuid4()), "state": state, "model": model, "version": "1" if model
             else None, "node_id": node, "attempts": attempts}
 
@@ -106,10 +106,10 @@ def test_recent_tasks_read_the_window_and_a_retried_task_in_full() -> None:
 
     def answer(request: httpx.Request) -> httpx.Response:
         asked.append(request)
-        if request.url.path == "/api/ml/tasks":
+        if request.url.path == "/api/v1/ml/tasks":
             return httpx.Response(200, json={"items": [plain, again, busy], "total": 3,
                                              "limit": 500, "offset": 0})
-        assert request.url.path == f"/api/ml/tasks/{again['task_id']}"
+        assert request.url.path == f"/api/v1/ml/tasks/{again['task_id']}"
         return httpx.Response(200, json=detail)
 
     http = httpx.Client(transport=httpx.MockTransport(answer), base_url="http://api")

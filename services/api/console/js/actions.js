@@ -9,7 +9,7 @@ import { h, shortId } from "./dom.js";
 
 const RANK = { viewer: 0, operator: 1, admin: 2 };
 
-/** Who is signed in: {user, role}, or role null when the API does not say (GET /api/me). */
+/** Who is signed in: {user, role}, or role null when the API does not say (GET /api/v1/me). */
 export const session = { user: null, role: null };
 
 export const ACTIONS = {
@@ -43,7 +43,7 @@ export const ACTIONS = {
 
 /** Whether the signed-in role may do what needs `needed`. */
 export function roleAllows(needed) {
-  // Unknown role (no /api/me): offer the action and let the API answer 403 if need be.
+  // Unknown role (no /api/v1/me): offer the action and let the API answer 403 if need be.
   return session.role === null || RANK[session.role] >= RANK[needed];
 }
 
@@ -100,7 +100,7 @@ function openDialog(task, action, onDone) {
     send: (reason, stepIndex) => {
       const body = { reason };
       if (action === "jump") body.step_index = stepIndex;
-      return post(`/api/tasks/${encodeURIComponent(task.task_id)}/${action}`, body);
+      return post(`/api/v1/tasks/${encodeURIComponent(task.task_id)}/${action}`, body);
     },
     accepted: (accepted) => {
       flash(`${label} of ${shortId(task.task_id)} accepted: ${accepted.note || accepted.expected_state}`,

@@ -1,4 +1,4 @@
-// The number of firing alerts beside "Alerts" in the nav (GET /api/alerts?status=firing), red
+// The number of firing alerts beside "Alerts" in the nav (GET /api/v1/alerts?status=firing), red
 // while any of them is unacknowledged. It polls while someone is signed in, on every page.
 
 import { get, withQuery } from "./api.js";
@@ -23,7 +23,7 @@ export const alertCount = {
   start() {
     if (poll) return;
     poll = poller(async (signal) => {
-      const page = await get(withQuery("/api/alerts", { status: "firing", limit: PAGE }), { signal });
+      const page = await get(withQuery("/api/v1/alerts", { status: "firing", limit: PAGE }), { signal });
       show(page.total, page.items.filter((a) => !a.acknowledged_by).length);
     }, POLL_MS);
   },

@@ -22,17 +22,14 @@ export function clearToken() {
   localStorage.removeItem(TOKEN_KEY);
 }
 
-/** FastAPI's `detail`: a string, or a list of validation errors naming their fields. */
+/** What an error says: the API answers problem details (RFC 9457), whose `detail` says what
+ * went wrong; an invalid template's `problems` say it field by field. */
 export function detailText(body, fallback) {
-  const detail = body && body.detail;
-  if (typeof detail === "string") return detail;
-  if (Array.isArray(detail)) {
-    return detail.map((e) => {
-      const where = (e.loc || []).filter((p) => p !== "body").join(".");
-      return where ? `${where}: ${e.msg}` : e.msg;
-    }).join("; ");
+  if (body && Array.isArray(body.problems) && body.problems.length) {
+    return body.problems.map((p) => `${p.field}: ${p.message}`).join("; ");
   }
-  return fallback;
+  const detail = body && (body.detail || body.title);
+  return typeof detail === "string" && detail ? detail : fallback;
 }
 
 const STATUS_TEXT = {
@@ -48,7 +45,7 @@ export function onUnauthorised(fn) {
 
 /** One request; resolves with the parsed JSON, rejects with an ApiError (status 0: network). */
 export async function request(method, path, body, { signal } = {}) {
-  const headers = { Accept: "application/json" };
+  const headers = { Accept: "application/json, application/problem+json" };
   const token = getToken();
   if (token) headers.Authorization = `Bearer ${token}`;
   if (body !== undefined) headers["Content-Type"] = "application/json";
@@ -79,7 +76,7 @@ export async function request(method, path, body, { signal } = {}) {
 export const get = (path, opts) => request("GET", path, undefined, opts);
 export const post = (path, body, opts) => request("POST", path, body, opts);
 
-/** "/api/tasks?state=running&node=n1" from a path and the non-empty parameters. */
+/** "/api/v1/tasks?state=running&node=n1" from a path and the non-empty parameters. */
 export function withQuery(path, params) {
   const q = new URLSearchParams();
   for (const [key, value] of Object.entries(params)) {

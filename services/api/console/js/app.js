@@ -97,17 +97,17 @@ const liveIndicator = {
 /** Who the token belongs to; the role decides which actions are offered. */
 async function whoAmI() {
   try {
-    const me = await get("/api/me");
+    const me = await get("/api/v1/me");
     session.user = me.user || null;
     session.role = me.role || null;
   } catch (err) {
     if (err instanceof ApiError && err.status === 401) throw err;
-    // An API without /api/me: offer every action and let it answer 403 where the role lacks.
+    // An API without /api/v1/me: offer every action and let it answer 403 where the role lacks.
     session.user = null;
     session.role = null;
   }
-  // Any other endpoint proves the token is good where /api/me does not exist.
-  if (!session.user) await get("/api/tasks?limit=1");
+  // Any other endpoint proves the token is good where /api/v1/me does not exist.
+  if (!session.user) await get("/api/v1/tasks?limit=1");
 }
 
 function showLogin(message) {

@@ -1,6 +1,6 @@
-// Alerts: each alert's state (GET /api/alerts every 5 s), firing first, filtered by status;
+// Alerts: each alert's state (GET /api/v1/alerts every 5 s), firing first, filtered by status;
 // a firing alert nobody has acknowledged yet offers "Acknowledge" (operator), which asks for a
-// reason and POSTs /api/alerts/<cluster>/<dedup key>/ack. Acknowledging says someone has seen
+// reason and POSTs /api/v1/alerts/<cluster>/<dedup key>/ack. Acknowledging says someone has seen
 // it: it fires on until its cause ends, and Alertmanager and the webhooks are told.
 
 import { get, post, withQuery } from "../api.js";
@@ -22,7 +22,7 @@ function acknowledge(alert, onDone) {
     subject: `${alert.kind} on ${alert.cluster_id} — ${alert.message}`,
     hint: "Says you have seen it (Alertmanager and the webhooks are told); it fires on until its cause ends.",
     send: (reason) => post(
-      `/api/alerts/${encodeURIComponent(alert.cluster_id)}/${encodeURIComponent(alert.dedup_key)}/ack`,
+      `/api/v1/alerts/${encodeURIComponent(alert.cluster_id)}/${encodeURIComponent(alert.dedup_key)}/ack`,
       { reason }),
     accepted: (acked) => {
       flash(`Alert ${name} acknowledged by ${acked.acknowledged_by}`, { testid: "alert-acknowledged" });
@@ -118,7 +118,7 @@ export function alertsView(container, { params, live }) {
   }
 
   const poll = listPoller({
-    url: () => withQuery("/api/alerts", { status: filters.status, limit: PAGE, offset: filters.offset }),
+    url: () => withQuery("/api/v1/alerts", { status: filters.status, limit: PAGE, offset: filters.offset }),
     filters, render, error, what: "alerts", get, intervalMs: POLL_MS, redrawMs: REDRAW_MS, live,
   });
   return () => poll.stop();

@@ -1,5 +1,5 @@
 // Capacity: a pool's utilisation history with the range band and the forecast
-// (GET /api/capacity), and the capacity report read from it: when the range will be left,
+// (GET /api/v1/capacity), and the capacity report read from it: when the range will be left,
 // nodes needed, a shadow scale-out (recorded, never acted on) and never a scale-in; below
 // them the pool's capacity plan for procurement (views/plan.js).
 
@@ -146,7 +146,7 @@ export function capacityView(container, { params, live }) {
 
   const poll = poller(async (signal) => {
     if (!clusters.length) {
-      clusters = (await get("/api/clusters", { signal })).clusters || [];
+      clusters = (await get("/api/v1/clusters", { signal })).clusters || [];
       if (!state.cluster && clusters.length) state.cluster = clusters[0].cluster;
       clusterSelect.replaceChildren(...clusters.map((c) => h("option", { value: c.cluster }, c.cluster)));
       if (state.cluster && !clusters.some((c) => c.cluster === state.cluster)) {
@@ -157,7 +157,7 @@ export function capacityView(container, { params, live }) {
     }
     const span = SPANS[state.span];
     try {
-      last = await get(withQuery("/api/capacity", {
+      last = await get(withQuery("/api/v1/capacity", {
         cluster: state.cluster, pool: state.pool, resolution: span.resolution, points: span.points,
       }), { signal });
       error.hidden = true;

@@ -1,5 +1,5 @@
-// Cluster: per cluster its node states, open needs and breakers (GET /api/clusters), and per
-// pool a heatmap of node utilisation (GET /api/nodes): one tile per node, its colour the GPU
+// Cluster: per cluster its node states, open needs and breakers (GET /api/v1/clusters), and per
+// pool a heatmap of node utilisation (GET /api/v1/nodes): one tile per node, its colour the GPU
 // utilisation, its border and pattern the node state. A tile opens the node's tasks.
 
 import { get } from "../api.js";
@@ -148,7 +148,7 @@ export function clusterView(container, { live }) {
     h("span", { class: "sub" }, "node utilisation by pool; a tile opens the node's tasks")), body);
   const poll = poller(async (signal) => {
     const [clusters, nodes] = await Promise.all([
-      get("/api/clusters", { signal }), get("/api/nodes", { signal }),
+      get("/api/v1/clusters", { signal }), get("/api/v1/nodes", { signal }),
     ]);
     render(body, clusters.clusters || [], nodes.nodes || []);
   }, POLL_MS, live);

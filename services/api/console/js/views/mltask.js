@@ -1,4 +1,4 @@
-// One ML task (GET /api/ml/tasks/{id}, every 2 s): its input, and each attempt with the
+// One ML task (GET /api/v1/ml/tasks/{id}, every 2 s): its input, and each attempt with the
 // decision behind it — every candidate the selector looked at, with its statistics, whether it
 // was eligible and why, and its score, the chosen one highlighted — and how the attempt ended.
 
@@ -155,7 +155,7 @@ export function mlTaskView(container, { arg, live }) {
   let lastDrawn = 0;
   const poll = poller(async (signal) => {
     try {
-      const task = await get(`/api/ml/tasks/${encodeURIComponent(arg)}`, { signal });
+      const task = await get(`/api/v1/ml/tasks/${encodeURIComponent(arg)}`, { signal });
       const key = JSON.stringify(task);
       if (key === lastKey && Date.now() - lastDrawn < REDRAW_MS) return;
       lastKey = key;

@@ -1,5 +1,5 @@
-// ML tasks: a live list (GET /api/ml/tasks every 2 s) with filters, and for an operator a form
-// that submits one (POST /api/ml/tasks). The router chooses the model; the store records the
+// ML tasks: a live list (GET /api/v1/ml/tasks every 2 s) with filters, and for an operator a form
+// that submits one (POST /api/v1/ml/tasks). The router chooses the model; the store records the
 // submission, each decision and each attempt's outcome, which is what this page shows.
 
 import { errorLine, get, post, withQuery } from "../api.js";
@@ -80,7 +80,7 @@ function submitPanel(types, onAccepted) {
       button.disabled = true;
       error.hidden = true;
       try {
-        const accepted = await post("/api/ml/tasks", {
+        const accepted = await post("/api/v1/ml/tasks", {
           task_type: typeInput.value.trim(), input: values, deadline_s: Number(deadline.value),
           priority: Number(priority.value), critical: critical.checked,
         });
@@ -170,7 +170,7 @@ export function mlTasksView(container, { params, live }) {
     }
   }
   // The task types served now, once (a failure leaves the defaults).
-  get("/api/ml/models").then((data) => addTypes((data.arms || []).map((a) => a.task_type))).catch(() => {});
+  get("/api/v1/ml/models").then((data) => addTypes((data.arms || []).map((a) => a.task_type))).catch(() => {});
 
   let debounce = null;
   function changed({ keepOffset = false } = {}) {
@@ -218,7 +218,7 @@ export function mlTasksView(container, { params, live }) {
   const poll = listPoller({
     url: () => {
       const since = SINCE_S[filters.since] ? new Date(Date.now() - SINCE_S[filters.since] * 1000).toISOString() : "";
-      return withQuery("/api/ml/tasks", {
+      return withQuery("/api/v1/ml/tasks", {
         state: filters.state, task_type: filters.task_type, node: filters.node, model: filters.model,
         since, limit: PAGE, offset: filters.offset,
       });

@@ -1,4 +1,4 @@
-// Models: per task type, every model version the nodes serve (GET /api/ml/models every 5 s,
+// Models: per task type, every model version the nodes serve (GET /api/v1/ml/models every 5 s,
 // read live from the router's registry and statistics in Redis): its family, on how many
 // nodes it is ready, and per node the arm's statistics — decayed outcomes (n_eff), the
 // posterior mean success rate with its bounds, quarantine, tasks in flight and latency.
@@ -106,7 +106,7 @@ export function modelsView(container, { params, live }) {
     replaceParams("models", state);
     poll.refresh();
   });
-  get("/api/clusters").then((data) => {
+  get("/api/v1/clusters").then((data) => {
     for (const c of data.clusters || []) {
       if (c.cluster !== state.cluster) clusterSelect.append(h("option", { value: c.cluster }, c.cluster));
     }
@@ -117,7 +117,7 @@ export function modelsView(container, { params, live }) {
   const poll = poller(async (signal) => {
     let data;
     try {
-      data = await get(withQuery("/api/ml/models", { cluster: state.cluster }), { signal });
+      data = await get(withQuery("/api/v1/ml/models", { cluster: state.cluster }), { signal });
       error.hidden = true;
     } catch (err) {
       if (err.name !== "AbortError") {

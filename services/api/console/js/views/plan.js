@@ -1,4 +1,4 @@
-// The capacity page's plan for procurement (GET /api/capacity/plans): the pool's newest
+// The capacity page's plan for procurement (GET /api/v1/capacity/plans): the pool's newest
 // plan, made hourly by the analyzer from the daily and hourly history: the daily peak
 // forecast with its 80 % and 95 % intervals against the range, when the range is left, and
 // the nodes to order by when; downloadable as CSV and JSON.
@@ -42,8 +42,8 @@ export function planSection() {
   function save(kind) {
     const query = { cluster: current.cluster, pool: current.pool };
     const name = `capacity-plan-${current.cluster}-${current.pool}`;
-    const path = kind === "csv" ? withQuery("/api/capacity/plans.csv", query)
-      : withQuery("/api/capacity/plans", { ...query, limit: 1 });
+    const path = kind === "csv" ? withQuery("/api/v1/capacity/plans.csv", query)
+      : withQuery("/api/v1/capacity/plans", { ...query, limit: 1 });
     download(path, `${name}.${kind}`).catch((err) => { status.textContent = `Download failed: ${errorLine(err)}`; });
   }
 
@@ -74,7 +74,7 @@ export function planSection() {
   async function refresh(cluster, pool, signal) {
     current = { cluster, pool, plan: null };
     try {
-      const page = await get(withQuery("/api/capacity/plans", { cluster, pool, limit: 1 }), { signal });
+      const page = await get(withQuery("/api/v1/capacity/plans", { cluster, pool, limit: 1 }), { signal });
       current.plan = page.items.length ? page.items[0].plan : null;
       status.textContent = current.plan ? "" : "No plan recorded for this pool yet (the analyzer plans every pool hourly).";
     } catch (err) {

@@ -1,4 +1,4 @@
-// One task (GET /api/tasks/{id}, every 2 s): its steps as a timeline with commands and results
+// One task (GET /api/v1/tasks/{id}, every 2 s): its steps as a timeline with commands and results
 // (initial -> target resources), every transition with actor and reason, the evidence of its
 // need, its children, and the actions (Restart among them, for a failed or terminated task;
 // a restarted task says by whom, and its steps show the latest run).
@@ -13,7 +13,7 @@ const REDRAW_MS = 10000;
 const FINAL = new Set(["succeeded", "failed", "terminated"]);
 
 /** The pause the executor acknowledged that waits for the running step to end (or null): as
- * the API decides (services/api/control.py pause_requested), so the page and a 409 agree. */
+ * the API decides (services/api/v1/control.py pause_requested), so the page and a 409 agree. */
 export function pendingPause(task) {
   if (task.state !== "running") return null;
   let pending = null;
@@ -232,7 +232,7 @@ export function taskView(container, { arg, live }) {
   let lastDrawn = 0;
   const poll = poller(async (signal) => {
     try {
-      const task = await get(`/api/tasks/${encodeURIComponent(arg)}`, { signal });
+      const task = await get(`/api/v1/tasks/${encodeURIComponent(arg)}`, { signal });
       // As on the list: unchanged data is redrawn only now and then (the "… ago" times).
       const key = JSON.stringify(task);
       if (key === lastKey && Date.now() - lastDrawn < REDRAW_MS) return;

@@ -1,4 +1,4 @@
-// Tasks: a live list (GET /api/tasks every 2 s) with filters, children indented under their
+// Tasks: a live list (GET /api/v1/tasks every 2 s) with filters, children indented under their
 // parent, and the operator's actions.
 
 import { get, withQuery } from "../api.js";
@@ -113,7 +113,7 @@ export function tasksView(container, { params, live }) {
   for (const el of [stateSelect, clusterSelect, sinceSelect]) el.addEventListener("change", () => changed());
 
   // The cluster choices, once: a failure only leaves the select with "any".
-  get("/api/clusters").then((data) => {
+  get("/api/v1/clusters").then((data) => {
     for (const c of data.clusters || []) {
       if (c.cluster !== filters.cluster) clusterSelect.append(h("option", { value: c.cluster }, c.cluster));
     }
@@ -160,7 +160,7 @@ export function tasksView(container, { params, live }) {
   const poll = listPoller({
     url: () => {
       const since = SINCE_S[filters.since] ? new Date(Date.now() - SINCE_S[filters.since] * 1000).toISOString() : "";
-      return withQuery("/api/tasks", {
+      return withQuery("/api/v1/tasks", {
         node: filters.node, cluster: filters.cluster, state: filters.state, kind: filters.kind,
         since, limit: PAGE, offset: filters.offset,
       });

@@ -1,4 +1,4 @@
-// Templates: every template's active version, origin and pin (GET /api/templates), and one
+// Templates: every template's active version, origin and pin (GET /api/v1/templates), and one
 // template's page (#/template/<name>): its active YAML, its history (origin, who, why, a tuned
 // version's evidence), a diff between any two versions, "Roll back to vN" (admin: a new
 // version equal to vN, used by the running templaters at once) and Pin / Unpin (operator: a
@@ -31,7 +31,7 @@ export function templatesView(container, { live }) {
         .map((c) => h("th", {}, c)))), tbody)));
   const poll = poller(async (signal) => {
     try {
-      const found = await get("/api/templates", { signal });
+      const found = await get("/api/v1/templates", { signal });
       error.hidden = true;
       tbody.replaceChildren(...found.map((t) => h("tr", { "data-template": t.name },
         h("td", {}, h("a", { href: `#/template/${encodeURIComponent(t.name)}` }, h("b", {}, t.name))),
@@ -81,7 +81,7 @@ export function templateView(container, { arg: name, live }) {
 
   const showDiff = async () => {
     try {
-      const d = await get(withQuery(`/api/templates/${encodeURIComponent(name)}/diff`,
+      const d = await get(withQuery(`/api/v1/templates/${encodeURIComponent(name)}/diff`,
         { from: fromSelect.value, to: toSelect.value }));
       diffOut.replaceChildren(diffBlock(d.diff));
     } catch (err) {
@@ -105,7 +105,7 @@ export function templateView(container, { arg: name, live }) {
       action: "rollback", title: `Roll back ${name} to v${version}`, confirm: "Roll back",
       subject: `${name}: a new version with the text of v${version}`,
       hint: "The running templaters use it from their next need; a tuned template may be tuned again unless pinned.",
-      send: (reason) => post(`/api/templates/${encodeURIComponent(name)}/rollback`, { version, reason }),
+      send: (reason) => post(`/api/v1/templates/${encodeURIComponent(name)}/rollback`, { version, reason }),
       accepted: (saved) => { flash(`${name}: ${saved.note}`, { testid: "template-rolled-back" }); poll.refresh(); },
     });
   }
@@ -116,7 +116,7 @@ export function templateView(container, { arg: name, live }) {
       confirm: pinned ? "Pin" : "Unpin", subject: name,
       hint: pinned ? "The tuner leaves a pinned template alone (it logs what it would have done)."
         : "The tuner may make new versions of it again.",
-      send: (reason) => post(`/api/templates/${encodeURIComponent(name)}/${pinned ? "pin" : "unpin"}`, { reason }),
+      send: (reason) => post(`/api/v1/templates/${encodeURIComponent(name)}/${pinned ? "pin" : "unpin"}`, { reason }),
       accepted: (state) => {
         flash(`${name} ${state.pinned ? "pinned" : "unpinned"}`, { testid: "template-pinned" });
         poll.refresh();
@@ -153,8 +153,8 @@ export function templateView(container, { arg: name, live }) {
 
   const poll = poller(async (signal) => {
     try {
-      const found = await get(`/api/templates/${encodeURIComponent(name)}/history`, { signal });
-      const doc = await get(`/api/templates/${encodeURIComponent(name)}`, { signal });
+      const found = await get(`/api/v1/templates/${encodeURIComponent(name)}/history`, { signal });
+      const doc = await get(`/api/v1/templates/${encodeURIComponent(name)}`, { signal });
       error.hidden = true;
       const key = JSON.stringify([found, doc.sha256]);
       if (key !== lastKey) { lastKey = key; render(found, doc); }
